@@ -1,0 +1,41 @@
+"""Every SGLang 0.5.23 name sglang-ext depends on, in one place.
+
+Public extension points (plugin loader, platform base classes) and private internals (hook targets, pool
+classes) are all reached through this module, so a SGLang version bump is one file to read. Names are
+resolved lazily (PEP 562): importing SGLang's memory-pool modules while SGLang is still choosing its
+platform would re-enter platform discovery.
+"""
+
+import importlib
+
+SGLANG_VERSION = "0.5.23"
+
+# name -> "module:attribute", resolved on first access.
+_LAZY = {
+    # Plugin machinery (public).
+    "HookRegistry": "sglang.srt.plugins.hook_registry:HookRegistry",
+    "HookType": "sglang.srt.plugins.hook_registry:HookType",
+    # Platform base classes (public extension point for out-of-tree platforms).
+    "SRTPlatform": "sglang.srt.platforms.interface:SRTPlatform",
+    "PlatformCapabilities": "sglang.srt.platforms.interface:PlatformCapabilities",
+    "PlatformEnum": "sglang.srt.platforms.device_mixin:PlatformEnum",
+    "CpuDeviceMixin": "sglang.srt.platforms.cpu:CpuDeviceMixin",  # CPU device ops: psutil memory, gloo
+    # Internal: base class of the CPU HiCache host pool.
+    "MHATokenToKVPoolHost": "sglang.srt.mem_cache.pool_host.mha:MHATokenToKVPoolHost",
+}
+
+# Hook targets (dotted paths into SGLang internals).
+# Picks the HiCache host pool class for an MHA device pool; the CPU platform answers with its own pool.
+HOOK_GET_MHA_HOST_POOL_CLS = "sglang.srt.mem_cache.pool_host.mha.get_mha_host_pool_cls"
+# Resolves the parsed server arguments once, in the launcher, before anything is loaded: start-up checks run here.
+HOOK_SERVER_ARGS_RESOLVE = "sglang.srt.server_args.ServerArgs.resolve_once"
+
+
+def __getattr__(name: str):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = target.split(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value

@@ -1,0 +1,17 @@
+"""Every environment variable sglang-ext reads, in one place."""
+
+import os
+from pathlib import Path
+
+
+def ext_home() -> Path:
+    """Cache root for prepared models and generated files (`$SGLANG_EXT_HOME`, default ~/.cache/sglang-ext)."""
+    return Path(os.environ.get("SGLANG_EXT_HOME", Path.home() / ".cache" / "sglang-ext")).expanduser()
+
+
+# Name of the portable CPU platform's entry point; SGLang's own variable selects it.
+SGLANG_PLATFORM = "SGLANG_PLATFORM"
+
+# KV pool budget in GiB for the portable CPU platform when neither --mem-fraction-static nor
+# --max-total-tokens is given (default: 10 % of available RAM, at most 2 GiB).
+CPU_KV_BUDGET_GB = "SGLANG_EXT_CPU_KV_BUDGET_GB"

@@ -1,0 +1,16 @@
+"""Hooks that make SGLang's own code paths work on the portable CPU platform (installed from the plugin).
+
+They are registered only when the portable CPU platform is the one that activates in this process, so on a
+GPU host nothing here touches SGLang.
+"""
+
+from sglang_ext import compat
+from sglang_ext.platform import activate
+from sglang_ext.platform.host_pool import host_pool_cls_for
+
+
+def register() -> list[str]:
+    if activate() is None:
+        return []
+    compat.HookRegistry.register(compat.HOOK_GET_MHA_HOST_POOL_CLS, host_pool_cls_for, compat.HookType.AROUND)
+    return ["platform portable_cpu", "cpu hicache host pool (layer_first, page_first, page_first_direct)"]

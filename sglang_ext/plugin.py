@@ -1,0 +1,34 @@
+"""The `sglang.srt.plugins` entry point, loaded by SGLang in every process (launcher, scheduler, detokenizer).
+
+Each feature exposes `register()`, returning what it registered; this module calls them once per process
+and logs one line in the launcher process naming the sglang-ext version and what was registered.
+"""
+
+import logging
+import multiprocessing
+import sys
+
+import sglang_ext
+
+logger = logging.getLogger("sglang_ext")
+
+_registered: list[str] = []
+
+
+def load() -> None:
+    if _registered:
+        return
+    from sglang_ext import startup_checks
+    from sglang_ext.platform import hooks as platform_hooks
+
+    _registered.append(f"sglang-ext {sglang_ext.__version__}")
+    for feature in (startup_checks, platform_hooks):
+        _registered.extend(feature.register())
+    if multiprocessing.parent_process() is None:
+        # SGLang configures logging after plugins load, so this line gets its own handler.
+        print(f"[sglang-ext] {sglang_ext.__version__} registered: {', '.join(_registered[1:]) or 'nothing'}",
+              file=sys.stderr, flush=True)
+
+
+def registered() -> list[str]:
+    return list(_registered)

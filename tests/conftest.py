@@ -1,0 +1,43 @@
+"""Shared fixtures: the built-in model folder and a pool of real SGLang servers shared across tests."""
+
+import pytest
+
+from server import ServerPool, ServerProcess
+
+# Flags of the server most end-to-end tests share: float32 (bf16 is emulated and slow on CPUs without
+# native bf16), cache report on, and a small device pool with a HiCache host tier behind it.
+SHARED_SERVER_ARGS = (
+    "--dtype", "float32", "--enable-cache-report", "--max-total-tokens", "1600",
+    "--enable-hierarchical-cache", "--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first",
+    "--hicache-size", "1",
+)
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> str:
+    from sglang_ext.models import prepare
+
+    return str(prepare())
+
+
+@pytest.fixture(scope="session")
+def server_pool(model_dir):
+    pool = ServerPool(model_dir)
+    yield pool
+    pool.stop_all()
+
+
+@pytest.fixture
+def shared_server(server_pool) -> ServerProcess:
+    return server_pool.get(*SHARED_SERVER_ARGS, name="shared")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for value in getattr(item, "funcargs", {}).values():
+        if isinstance(value, ServerProcess):
+            report.sections.append((f"server log tail ({value.name}, {value.log_path})", value.log_tail()))

@@ -1,0 +1,32 @@
+"""HiCache host tier on the portable CPU platform: a prompt evicted from a small device pool to host RAM comes
+back from host (cached_tokens_details.host > 0) with the same greedy output, for both host layouts."""
+
+import pytest
+
+from conftest import SHARED_SERVER_ARGS
+from text_fixtures import long_text
+
+PAGE_FIRST_ARGS = tuple(a if a != "layer_first" else "page_first" for a in SHARED_SERVER_ARGS)
+
+
+def _evict_and_reload(server):
+    a = long_text(650) + "\nQuestion: what is sold in the market? Answer:"
+    b = "Story two. " + long_text(700)[::-1] + "\nSummary:"  # different tokens, fills the device pool
+    server.flush_cache()
+    cold = server.generate(a, max_new_tokens=12)
+    assert cold["meta_info"]["prompt_tokens"] >= 900, cold["meta_info"]
+    other = server.generate(b, max_new_tokens=4)
+    assert other["meta_info"]["prompt_tokens"] >= 900, other["meta_info"]
+    again = server.generate(a, max_new_tokens=12)
+    details = again["meta_info"].get("cached_tokens_details") or {}
+    assert details.get("host", 0) > 0, again["meta_info"]
+    assert again["output_ids"] == cold["output_ids"], (again["text"], cold["text"])
+    return details
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
+def test_evicted_prompt_comes_back_from_host(server_pool, layout):
+    args = SHARED_SERVER_ARGS if layout == "layer_first" else PAGE_FIRST_ARGS
+    server = server_pool.get(*args, name="shared" if layout == "layer_first" else "hicache-page-first")
+    details = _evict_and_reload(server)
+    print(f"{layout}: cached_tokens_details={details}")
