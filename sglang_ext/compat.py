@@ -31,6 +31,15 @@ HOOK_GET_MHA_HOST_POOL_CLS = "sglang.srt.mem_cache.pool_host.mha.get_mha_host_po
 HOOK_SERVER_ARGS_RESOLVE = "sglang.srt.server_args.ServerArgs.resolve_once"
 
 
+def set_hicache_host_memory_reserve(nbytes: int) -> None:
+    """SGLang keeps 10 GiB of host RAM out of reach of the HiCache host pool (a module constant read at each
+    sizing call, `pool_host/base.py`). Sized for GPU servers; the CPU platform lowers it."""
+    module = importlib.import_module("sglang.srt.mem_cache.pool_host.base")
+    if not hasattr(module, "HICACHE_HOST_MEMORY_RESERVE_BYTES"):
+        raise RuntimeError("sglang internals changed: pool_host.base.HICACHE_HOST_MEMORY_RESERVE_BYTES is gone")
+    module.HICACHE_HOST_MEMORY_RESERVE_BYTES = nbytes
+
+
 def __getattr__(name: str):
     target = _LAZY.get(name)
     if target is None:

@@ -15,3 +15,6 @@ SGLANG_PLATFORM = "SGLANG_PLATFORM"
 # KV pool budget in GiB for the portable CPU platform when neither --mem-fraction-static nor
 # --max-total-tokens is given (default: 10 % of available RAM, at most 2 GiB).
 CPU_KV_BUDGET_GB = "SGLANG_EXT_CPU_KV_BUDGET_GB"
+
+# SGLang's per-rank CPU binding; the CPU platform fills it for multi-rank (TP/PP) servers when unset.
+CPU_THREADS_BIND = "SGLANG_CPU_OMP_THREADS_BIND"

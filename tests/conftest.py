@@ -9,7 +9,7 @@ from server import ServerPool, ServerProcess
 SHARED_SERVER_ARGS = (
     "--dtype", "float32", "--enable-cache-report", "--max-total-tokens", "1600",
     "--enable-hierarchical-cache", "--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first",
-    "--hicache-size", "1",
+    "--hicache-ratio", "3",
 )
 
 

@@ -100,9 +100,15 @@ class ServerProcess:
         r.raise_for_status()
         return r.json()
 
-    def flush_cache(self) -> None:
-        r = requests.post(f"{self.url}/flush_cache", timeout=60)
-        r.raise_for_status()
+    def flush_cache(self, timeout_s: float = 60) -> None:
+        """Flush the radix cache; SGLang refuses (400) while requests or HiCache transfers are in flight."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            r = requests.post(f"{self.url}/flush_cache", timeout=60)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                r.raise_for_status()
+                return
+            time.sleep(0.5)
 
     def server_info(self) -> dict:
         r = requests.get(f"{self.url}/server_info", timeout=60)
@@ -113,10 +119,11 @@ class ServerProcess:
 class ServerPool:
     """Session-wide servers keyed by their flags: tests that can share a server get the same one.
 
-    At most `max_alive` run at once (CPU and RAM are tight); the least recently used is stopped first.
+    At most `max_alive` run at once (a CPU server takes 3-5 GB of RAM in three processes); the least recently
+    used is stopped first. Tests that share flags should sit together so that a server is started once.
     """
 
-    def __init__(self, model_path: str, max_alive: int = 2):
+    def __init__(self, model_path: str, max_alive: int = 1):
         self.model_path = model_path
         self.max_alive = max_alive
         self._servers: dict[tuple, ServerProcess] = {}

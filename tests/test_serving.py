@@ -35,10 +35,20 @@ def hf_greedy(model_dir):
     out = {}
     for prompt in HF_PROMPTS:
         ids = tok(prompt, return_tensors="pt").input_ids
-        with torch.no_grad():
-            gen = model.generate(ids, max_new_tokens=HF_NEW_TOKENS, do_sample=False, min_new_tokens=HF_NEW_TOKENS)
-        out[prompt] = (ids[0].tolist(), gen[0, ids.shape[1]:].tolist())
+        out[prompt] = (ids[0].tolist(), _greedy(model, ids, HF_NEW_TOKENS))
     return out
+
+
+@torch.no_grad()
+def _greedy(model, ids, n):
+    """Plain argmax decoding with the KV cache, no logits processors (generate() would mask EOS)."""
+    out = model(ids, use_cache=True)
+    tokens = []
+    for _ in range(n):
+        nxt = out.logits[0, -1].argmax().item()
+        tokens.append(nxt)
+        out = model(torch.tensor([[nxt]]), past_key_values=out.past_key_values, use_cache=True)
+    return tokens
 
 
 @pytest.mark.parametrize("prompt", HF_PROMPTS)
@@ -52,12 +62,12 @@ def test_greedy_matches_transformers_float32(shared_server, hf_greedy, prompt):
 
 
 def test_radix_prefix_reuse(shared_server):
-    prefix = long_text(900)
+    prefix = long_text(1000)
     p1 = prefix + "\nQuestion: what did the baker do? Answer:"
     p2 = prefix + "\nQuestion: who walked through the crowd? Answer:"
     shared_server.flush_cache()
     cold = shared_server.generate(p2, max_new_tokens=16)
-    assert cold["meta_info"]["prompt_tokens"] >= 1050, cold["meta_info"]
+    assert cold["meta_info"]["prompt_tokens"] >= 1050, cold["meta_info"]  # >= 1000 shared + the question
     shared_server.flush_cache()
     first = shared_server.generate(p1, max_new_tokens=16)
     assert first["meta_info"]["cached_tokens"] == 0, first["meta_info"]

@@ -5,8 +5,10 @@ It registers as an out-of-tree platform (PlatformEnum.OOT), which makes every fu
 """
 
 import logging
+import os
 
 from sglang_ext import compat
+from sglang_ext.env import CPU_THREADS_BIND
 from sglang_ext.platform.memory import default_kv_budget_bytes, mem_fraction_for_budget, weight_bytes_estimate
 
 logger = logging.getLogger(__name__)
@@ -26,10 +28,17 @@ class PortableCpuPlatform(compat.CpuDeviceMixin, compat.SRTPlatform):
         if server_args.sampling_backend is None:
             server_args.sampling_backend = "pytorch"
         server_args.disable_cuda_graph = True
+        # An idle scheduler otherwise polls at full speed: on a 2-core machine that is half the CPU.
+        server_args.sleep_on_idle = True
         if server_args.mem_fraction_static is None and server_args.max_total_tokens is None:
             budget = default_kv_budget_bytes()
             weights = weight_bytes_estimate(server_args.model_path, server_args.dtype)
             server_args.mem_fraction_static = mem_fraction_for_budget(budget, weights)
+        ranks = (server_args.tp_size or 1) * (server_args.pp_size or 1) * (server_args.dp_size or 1)
+        if ranks > 1 and not os.environ.get(CPU_THREADS_BIND):
+            # SGLang binds one NUMA node per rank unless told otherwise, and refuses more ranks than nodes.
+            # Scheduler processes are spawned after this and inherit the environment.
+            os.environ[CPU_THREADS_BIND] = cpu_binding_for_ranks(ranks)
 
     def get_default_attention_backend(self) -> str:
         return "torch_native"
@@ -40,3 +49,14 @@ class PortableCpuPlatform(compat.CpuDeviceMixin, compat.SRTPlatform):
 
     def is_pin_memory_available(self, device=None) -> bool:
         return False
+
+
+def cpu_binding_for_ranks(ranks: int) -> str:
+    """SGLANG_CPU_OMP_THREADS_BIND value giving each rank a contiguous share of this process's CPUs
+    ("0-7|8-15"); with more ranks than CPUs, ranks share CPUs round-robin ("0|1|0")."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if ranks >= len(cpus):
+        return "|".join(str(cpus[r % len(cpus)]) for r in range(ranks))
+    per_rank = len(cpus) // ranks
+    groups = [cpus[r * per_rank:(r + 1) * per_rank] for r in range(ranks)]
+    return "|".join(",".join(map(str, g)) for g in groups)

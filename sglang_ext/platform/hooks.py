@@ -7,10 +7,12 @@ GPU host nothing here touches SGLang.
 from sglang_ext import compat
 from sglang_ext.platform import activate
 from sglang_ext.platform.host_pool import host_pool_cls_for
+from sglang_ext.platform.memory import HICACHE_HOST_RESERVE_BYTES
 
 
 def register() -> list[str]:
     if activate() is None:
         return []
     compat.HookRegistry.register(compat.HOOK_GET_MHA_HOST_POOL_CLS, host_pool_cls_for, compat.HookType.AROUND)
+    compat.set_hicache_host_memory_reserve(HICACHE_HOST_RESERVE_BYTES)
     return ["platform portable_cpu", "cpu hicache host pool (layer_first, page_first, page_first_direct)"]

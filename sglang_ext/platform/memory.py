@@ -16,6 +16,9 @@ from sglang_ext.env import CPU_KV_BUDGET_GB
 DEFAULT_KV_FRACTION_OF_AVAILABLE = 0.10  # of RAM available at start-up
 DEFAULT_KV_CAP_BYTES = 2 << 30
 ACTIVATION_RESERVE_BYTES = 1 << 30  # prefill activations, sampling buffers, allocator slack
+# RAM the HiCache host tier must leave free. SGLang reserves 10 GiB, sized for GPU servers with hundreds of GB
+# of RAM; on the CPU platform the "device" pool already lives in (budgeted) RAM, so 1 GiB of slack is enough.
+HICACHE_HOST_RESERVE_BYTES = 1 << 30
 
 
 def default_kv_budget_bytes() -> int:
