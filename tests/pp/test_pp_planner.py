@@ -1,0 +1,185 @@
+"""Planner on published model configs (tests/pp/configs); no weights needed."""
+
+import itertools
+import math
+
+import pytest
+
+from sglang_ext.pp import (
+    ModelShape,
+    PartitionError,
+    PlanOptions,
+    check_partition,
+    default_partition,
+    evaluate_default,
+    evaluate_partition,
+    plan_partition,
+)
+from sglang_ext.pp.factorizations import tp_problems
+from sglang_ext.pp.planner import CUDA_CONTEXT_GIB, GIB
+
+
+@pytest.mark.parametrize(
+    "name, published_params, tolerance",
+    [
+        ("smollm2_135m", 134.5e6, 0.01),  # tied: embedding counted once
+        ("qwen3_32b", 32.8e9, 0.01),
+        ("qwen3_30b_a3b", 30.5e9, 0.01),
+        ("qwen3_5_27b_like", 27e9, 0.03),  # published as "27B" (text model)
+    ],
+)
+def test_weight_estimate_matches_published_parameter_counts(shape_of, name, published_params, tolerance):
+    shape = shape_of(name)
+    lm_head = 0 if shape.tied_embeddings else shape.lm_head_bytes
+    params = (sum(shape.layer_weight_bytes) + shape.embed_bytes + lm_head) / 2
+    error = params / published_params - 1
+    assert abs(error) < tolerance, f"{name}: {params:.4g} params, published {published_params:.4g} ({error:+.2%})"
+
+
+def test_moe_active_parameters(shape_of):
+    shape = shape_of("qwen3_30b_a3b")
+    assert shape.num_experts == 128 and shape.experts_per_token == 8
+    frac = shape.touched_expert_fraction(1)
+    active = sum(w - r + r * frac for w, r in zip(shape.layer_weight_bytes, shape.layer_routed_bytes))
+    active = (active + shape.embed_bytes + shape.lm_head_bytes) / 2
+    assert abs(active / 3.3e9 - 1) < 0.03, f"active params {active:.4g}, published 3.3e9"
+
+
+def test_hybrid_and_partial_rope_read_from_config(shape_of):
+    shape = shape_of("qwen3_5_27b_like")
+    assert shape.num_kv_layers == 16, f"{shape.num_kv_layers} KV layers"
+    assert [i for i, kv in enumerate(shape.layer_has_kv) if kv][:3] == [3, 7, 11]
+    assert shape.rotary_dim == 64 and shape.head_dim == 256, (shape.rotary_dim, shape.head_dim)
+
+
+def _brute_force(shape, tp, pp, opts):
+    """Every contiguous split: (best capacity, fastest bottleneck among splits within capacity_slack of it)."""
+    evals = []
+    for cuts in itertools.combinations(range(1, shape.num_layers), pp - 1):
+        bounds = (0, *cuts, shape.num_layers)
+        part = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+        try:
+            evals.append(evaluate_partition(shape, tp, part, opts))
+        except PartitionError:
+            continue
+    best_cap = max(e.capacity for e in evals)
+    floor_cap = math.ceil(best_cap * (1 - opts.capacity_slack))
+    fastest = min(e.bottleneck_ms for e in evals if e.capacity >= floor_cap)
+    return best_cap, floor_cap, fastest
+
+
+@pytest.mark.parametrize(
+    "pp, mem, overrides",
+    [
+        (3, (1.0, 1.0, 1.0), {}),
+        (3, (0.9, 1.2, 0.8), {}),  # heterogeneous memory
+        (4, (1.0, 0.8, 1.0, 0.8), {}),
+        (3, (1.0, 1.0, 1.0), {"ple_layer_ids": [12]}),  # layer 11 pinned to stage 0
+    ],
+)
+def test_plan_is_optimal_against_brute_force(shape_of, pp, mem, overrides):
+    shape = shape_of("smollm2_135m", **overrides)
+    opts = PlanOptions(gpu_mem_gib=mem, reserve_gib=0.05)
+    plan = plan_partition(shape, 1, pp, opts)
+    best_cap, floor_cap, fastest = _brute_force(shape, 1, pp, opts)
+    check_partition(plan.partition, pp, shape.num_layers, shape.raw_id_layers)
+    assert floor_cap <= plan.capacity <= best_cap, f"plan {plan.partition}: {plan.capacity} tokens, best {best_cap}"
+    assert plan.bottleneck_ms <= fastest + 1e-9, f"plan {plan.partition}: {plan.bottleneck_ms} ms, fastest {fastest} ms"
+
+
+def test_capacity_follows_sglang_min_reductions(shape_of):
+    shape = shape_of("smollm2_135m")
+    opts = PlanOptions(gpu_mem_gib=(1.0, 0.8), reserve_gib=0.1)
+    ev = evaluate_partition(shape, 1, (12, 18), opts)
+    kv_bytes = 3 * (64 + 64) * 2  # 3 KV heads, K and V, bf16
+    assert ev.kv_bytes_per_token_layer == kv_bytes
+    free = min(m - CUDA_CONTEXT_GIB - w for m, w in zip((1.0, 0.8), ev.weight_gib))
+    expected = int((free - 0.1) * GIB // (kv_bytes * 18))
+    assert ev.capacity == expected, f"capacity {ev.capacity}, by hand {expected}"
+    assert min(ev.stage_tokens) >= ev.capacity, f"stage tokens {ev.stage_tokens} vs capacity {ev.capacity}"
+
+
+def test_embedding_and_lm_head_stages_get_fewer_layers(shape_of):
+    for name, gpus in (("qwen3_32b", 6), ("qwen3_5_27b_like", 6)):
+        shape = shape_of(name)
+        opts = PlanOptions(gpu_mem_gib=(24.0,) * gpus)
+        plan, default = plan_partition(shape, 1, gpus, opts), evaluate_default(shape, 1, gpus, opts)
+        middle = plan.partition[1:-1]
+        assert plan.partition[0] <= min(middle) and plan.partition[-1] <= min(middle), f"{name}: {plan.partition}"
+        assert plan.capacity > default.capacity, f"{name}: plan {plan.capacity} vs default {default.capacity}"
+
+
+def test_heterogeneous_memory_gets_fewer_layers_on_small_cards(shape_of):
+    shape = shape_of("qwen3_5_27b_like")
+    opts = PlanOptions(gpu_mem_gib=(24.0, 24.0, 16.0, 16.0))
+    plan, default = plan_partition(shape, 1, 4, opts), evaluate_default(shape, 1, 4, opts)
+    assert default.capacity == 0, f"even split fits? {default.partition}: {default.capacity}"
+    assert plan.capacity > 0, f"plan {plan.partition} holds no KV"
+    assert max(plan.weight_gib[2:]) < min(plan.weight_gib[:2]), f"weights per stage {plan.weight_gib}"
+
+
+def test_memory_unknown_balances_layers_then_time(shape_of):
+    assert plan_partition(shape_of("smollm2_135m"), 1, 3).partition == (10, 10, 10)
+    plan = plan_partition(shape_of("qwen3_32b"), 1, 3)
+    assert max(plan.partition) == 22 and plan.partition[-1] == min(plan.partition), plan.partition
+    assert plan.capacity is None and plan.stage_tokens is None
+
+
+def test_ple_layer_pinned_to_first_stage(shape_of):
+    shape = shape_of("qwen4_exp_like_ple", ple_layer_ids=[20])
+    assert shape.raw_id_layers == (19,)
+    opts = PlanOptions(gpu_mem_gib=(80.0,) * 8)
+    plan = plan_partition(shape, 2, 4, opts)
+    assert plan.partition[0] >= 20 and plan.capacity > 0, plan
+    with pytest.raises(PartitionError, match=r"layer 19 reads the raw input ids \(PLE n-gram embedding\)"):
+        evaluate_partition(shape, 2, default_partition(48, 4), opts)
+
+
+def test_every_layer_reading_input_ids_forbids_pp(shape_of):
+    shape = shape_of("smollm2_135m", hidden_size_per_layer_input=256, vocab_size_per_layer_input=49152)
+    assert len(shape.raw_id_layers) == 30
+    with pytest.raises(PartitionError, match="per-layer input embedding"):
+        plan_partition(shape, 1, 2)
+    assert plan_partition(shape, 1, 1).partition == (30,)
+
+
+def test_tp_rules_follow_sglang_head_sharding(shape_of):
+    smol = shape_of("smollm2_135m")
+    assert tp_problems(smol, 3) == [] and tp_problems(smol, 1) == []
+    assert any("attention heads" in p for p in tp_problems(smol, 2))
+    # 3 KV heads replicated twice would be fine; the 9 query heads are not
+    assert tp_problems(smol, 6) == ["9 attention heads not divisible by tp 6"], tp_problems(smol, 6)
+    assert any("KV heads" in p for p in tp_problems(shape_of("qwen3_32b"), 12))
+    qwen = shape_of("qwen3_32b")
+    assert tp_problems(qwen, 16) == [], tp_problems(qwen, 16)  # 8 KV heads replicated twice
+    opts = PlanOptions(gpu_mem_gib=(80.0,) * 16)
+    per_gpu_8 = plan_partition(qwen, 8, 2, opts).kv_bytes_per_token_layer
+    per_gpu_16 = plan_partition(qwen, 16, 1, opts).kv_bytes_per_token_layer
+    assert per_gpu_8 == per_gpu_16 == 512, (per_gpu_8, per_gpu_16)
+
+
+def test_kv_cache_dtype_changes_capacity(shape_of):
+    shape = shape_of("qwen3_32b")
+    mem = (24.0,) * 6
+    bf16 = plan_partition(shape, 2, 3, PlanOptions(gpu_mem_gib=mem))
+    fp8 = plan_partition(shape, 2, 3, PlanOptions(gpu_mem_gib=mem, kv_cache_dtype="fp8_e4m3"))
+    ratio = fp8.capacity / bf16.capacity
+    assert 1.99 < ratio < 2.01, f"fp8 / bf16 capacity {ratio:.4f}"
+
+
+def test_kv_cache_dtype_from_kvformats(shape_of):
+    from sglang_ext.kvformats import FORMAT_NAMES, get_format
+
+    shape = shape_of("qwen3_32b")
+    for name in FORMAT_NAMES:
+        plan = plan_partition(shape, 2, 3, PlanOptions(gpu_mem_gib=(24.0,) * 6, kv_cache_dtype=name))
+        expected = 4 * get_format(name, 128, 128).bytes_per_token_head  # 8 KV heads over tp 2
+        assert plan.kv_bytes_per_token_layer == expected, f"{name}: {plan.kv_bytes_per_token_layer} vs {expected}"
+    with pytest.raises(ValueError, match="unknown --kv-cache-dtype 'int3'"):
+        plan_partition(shape, 2, 3, PlanOptions(gpu_mem_gib=(24.0,) * 6, kv_cache_dtype="int3"))
+
+
+def test_shape_is_plain_data():
+    config = {"num_hidden_layers": 2, "hidden_size": 64, "vocab_size": 100, "num_attention_heads": 4}
+    shape = ModelShape.from_config(config)
+    assert shape.num_kv_heads == 4 and shape.head_dim == 16 and shape.lm_head_bytes == 128 * 64 * 2
