@@ -27,6 +27,18 @@ _LAZY = {
 # Hook targets (dotted paths into SGLang internals).
 # Picks the HiCache host pool class for an MHA device pool; the CPU platform answers with its own pool.
 HOOK_GET_MHA_HOST_POOL_CLS = "sglang.srt.mem_cache.pool_host.mha.get_mha_host_pool_cls"
+# Argument parser construction and parsing (pp/server_args.py adds --pp-layer-partition; kvcache/ extends
+# --kv-cache-dtype).
+HOOK_SERVER_ARGS_ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"  # staticmethod (parser)
+HOOK_SERVER_ARGS_FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"  # classmethod (cls, namespace)
+# Read by sglang.srt.distributed.utils.get_pp_indices in every PP rank.
+ENV_PP_LAYER_PARTITION = "SGLANG_PP_LAYER_PARTITION"
+# Llama-family model (tied embeddings under PP): module with ParallelLMHead, add_prefix, get_parallel,
+# default_weight_loader; its __init__ and load_weights; the checkpoint name of the tied matrix.
+LLAMA_MODULE = "sglang.srt.models.llama"
+HOOK_LLAMA_INIT = "sglang.srt.models.llama.LlamaForCausalLM.__init__"
+HOOK_LLAMA_LOAD_WEIGHTS = "sglang.srt.models.llama.LlamaForCausalLM.load_weights"
+LLAMA_EMBED_WEIGHT_NAME = "model.embed_tokens.weight"
 # Resolves the parsed server arguments once, in the launcher, before anything is loaded: start-up checks run here.
 HOOK_SERVER_ARGS_RESOLVE = "sglang.srt.server_args.ServerArgs.resolve_once"
 

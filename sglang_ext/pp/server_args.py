@@ -23,11 +23,11 @@ from .model_shape import ModelShape
 from .partition import PartitionError, check_partition, default_partition, format_partition, parse_partition
 from .planner import PlanOptions, evaluate_default, plan_partition
 
-# compat (sglang 0.5.23)
-HOOK_ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"  # staticmethod (parser) -> None
-HOOK_FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"  # classmethod (cls, namespace) -> ServerArgs
-PARTITION_ENV = "SGLANG_PP_LAYER_PARTITION"  # read by sglang.srt.distributed.utils.get_pp_indices
-# end compat
+from sglang_ext import compat
+
+HOOK_ADD_CLI_ARGS = compat.HOOK_SERVER_ARGS_ADD_CLI_ARGS
+HOOK_FROM_CLI_ARGS = compat.HOOK_SERVER_ARGS_FROM_CLI_ARGS
+PARTITION_ENV = compat.ENV_PP_LAYER_PARTITION
 
 FLAG = "--pp-layer-partition"
 DEST = "pp_layer_partition"
@@ -43,10 +43,8 @@ def register() -> list[str]:
     global _registered
     if _registered:
         return []
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(HOOK_ADD_CLI_ARGS, _add_flag, HookType.AFTER)
-    HookRegistry.register(HOOK_FROM_CLI_ARGS, _apply_flag, HookType.AFTER)
+    compat.HookRegistry.register(HOOK_ADD_CLI_ARGS, _add_flag, compat.HookType.AFTER)
+    compat.HookRegistry.register(HOOK_FROM_CLI_ARGS, _apply_flag, compat.HookType.AFTER)
     _registered = True
     return [FLAG]
 

@@ -17,12 +17,12 @@ import importlib
 import multiprocessing
 from typing import Any, Callable, Iterable
 
-# compat (sglang 0.5.23)
-LLAMA_MODULE = "sglang.srt.models.llama"  # provides ParallelLMHead, add_prefix, get_parallel, default_weight_loader
-HOOK_INIT = "sglang.srt.models.llama.LlamaForCausalLM.__init__"
-HOOK_LOAD_WEIGHTS = "sglang.srt.models.llama.LlamaForCausalLM.load_weights"
-EMBED_WEIGHT_NAME = "model.embed_tokens.weight"  # checkpoint name of the tied matrix
-# end compat
+from sglang_ext import compat
+
+LLAMA_MODULE = compat.LLAMA_MODULE
+HOOK_INIT = compat.HOOK_LLAMA_INIT
+HOOK_LOAD_WEIGHTS = compat.HOOK_LLAMA_LOAD_WEIGHTS
+EMBED_WEIGHT_NAME = compat.LLAMA_EMBED_WEIGHT_NAME
 
 _registered = False
 
@@ -35,10 +35,8 @@ def register(launcher_too: bool = False) -> list[str]:
     global _registered
     if _registered or (multiprocessing.parent_process() is None and not launcher_too):
         return []
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(HOOK_INIT, _after_init, HookType.AFTER)
-    HookRegistry.register(HOOK_LOAD_WEIGHTS, _around_load_weights, HookType.AROUND)
+    compat.HookRegistry.register(HOOK_INIT, _after_init, compat.HookType.AFTER)
+    compat.HookRegistry.register(HOOK_LOAD_WEIGHTS, _around_load_weights, compat.HookType.AROUND)
     _registered = True
     return ["tied lm_head under PP (Llama family)"]
 
