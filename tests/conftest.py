@@ -2,15 +2,7 @@
 
 import pytest
 
-from server import ServerPool, ServerProcess
-
-# Flags of the server most end-to-end tests share: float32 (bf16 is emulated and slow on CPUs without
-# native bf16), cache report on, and a small device pool with a HiCache host tier behind it.
-SHARED_SERVER_ARGS = (
-    "--dtype", "float32", "--enable-cache-report", "--max-total-tokens", "1600",
-    "--enable-hierarchical-cache", "--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first",
-    "--hicache-ratio", "3",
-)
+from server import SHARED_SERVER_ARGS, ServerPool, ServerProcess
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,13 @@ from pathlib import Path
 import requests
 
 HOST = "127.0.0.1"
+# Flags of the server most end-to-end tests share: float32 (bf16 is emulated and slow on CPUs without
+# native bf16), cache report on, and a small device pool with a HiCache host tier behind it.
+SHARED_SERVER_ARGS = (
+    "--dtype", "float32", "--enable-cache-report", "--max-total-tokens", "1600",
+    "--enable-hierarchical-cache", "--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first",
+    "--hicache-ratio", "3",
+)
 START_TIMEOUT_S = float(os.environ.get("SGLANG_EXT_TEST_START_TIMEOUT", "600"))
 
 

@@ -3,7 +3,7 @@ back from host (cached_tokens_details.host > 0) with the same greedy output, for
 
 import pytest
 
-from conftest import SHARED_SERVER_ARGS
+from server import SHARED_SERVER_ARGS
 from text_fixtures import long_text
 
 PAGE_FIRST_ARGS = tuple(a if a != "layer_first" else "page_first" for a in SHARED_SERVER_ARGS)
