@@ -1,0 +1,195 @@
+"""Split-KV decode attention over a format's planes (SGLang triton-backend style indexing).
+
+Plan per call: rotate q into the K basis (octave), stage 1 grid (batch, kv_head, split) — one program
+handles all q heads of a KV head's group, so each K/V byte is read once per group — writes partial outputs
+and log-sum-exps; stage 2 grid (batch, q_head) merges the splits; octave outputs, accumulated in V's rotated
+basis, are un-rotated once at the end.
+
+kv_indices hold token-level slot ids (request b's are kv_indices[kv_indptr[b]:kv_indptr[b+1]]). With
+page_size > 1 SGLang hands out slots in runs of page_size consecutive ids and still passes token-level ids;
+SGLang's page-aware addressing (page = slot // page_size, row = slot % page_size) reaches the same row of our
+[num_slots, H, ...] planes, so page_size only has to be a positive int. A request with no KV gets zeros.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..kvformats import KVFormat, rotation
+from . import tables
+from .checks import check_planes
+from .rotate import rotate_rows
+from .tiles import accumulate, load_q_blocks, scores, store_blocks
+
+MIN_BLOCK_KV = 32
+DEFAULT_MAX_KV_SPLITS = 16
+
+
+@triton.jit
+def _tanh(x):
+    return 2 * tl.sigmoid(2 * x) - 1
+
+
+@triton.jit
+def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_indices, num_kv_splits,
+                   mid_o, mid_lse, sm_scale,
+                   stride_kc_slot, stride_kc_head, stride_ks_slot, stride_ks_head,
+                   stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
+                   stride_q_b, stride_q_h, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+                   FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                   MIN_BLOCK: tl.constexpr, K_N4: tl.constexpr, V_N4: tl.constexpr, NB: tl.constexpr,
+                   LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr):
+    batch = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_h = offs_h < GROUP
+    heads = kv_head * GROUP + offs_h
+    kv_start = tl.load(kv_indptr + batch)
+    seq_len = tl.load(kv_indptr + batch + 1) - kv_start
+    splits = tl.load(num_kv_splits + batch)
+    per_split = tl.cdiv(tl.cdiv(seq_len, splits), MIN_BLOCK) * MIN_BLOCK
+    s0 = per_split * split
+    s1 = tl.minimum(s0 + per_split, seq_len)
+    if s1 > s0:
+        q0, q1, q2, q3 = load_q_blocks(q_ptr, batch * stride_q_b + heads.to(tl.int64) * stride_q_h, mask_h, NB)
+        e_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        e_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc0 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+        for n0 in range(s0, s1, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < s1
+            slot = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
+            qk = scores(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
+                        slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_H, BLOCK_N,
+                        DOT_BF16)
+            qk = qk * sm_scale
+            if LOGIT_CAP > 0:
+                qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
+            qk = tl.where(mask_n[None, :], qk, float("-inf"))
+            n_max = tl.maximum(tl.max(qk, 1), e_max)
+            rescale = tl.exp(e_max - n_max)
+            p = tl.exp(qk - n_max[:, None])
+            e_sum = e_sum * rescale + tl.sum(p, 1)
+            e_max = n_max
+            acc0 = acc0 * rescale[:, None]
+            acc1 = acc1 * rescale[:, None]
+            acc2 = acc2 * rescale[:, None]
+            acc3 = acc3 * rescale[:, None]
+            acc0, acc1, acc2, acc3 = accumulate(
+                FMT, p, acc0, acc1, acc2, acc3, v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
+                slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16)
+        store_blocks(mid_o, batch * stride_mo_b + heads.to(tl.int64) * stride_mo_h + split * stride_mo_s, mask_h,
+                     acc0, acc1, acc2, acc3, 1.0 / e_sum, NB)
+        tl.store(mid_lse + batch * stride_ml_b + heads * stride_ml_h + split, e_max + tl.log(e_sum), mask=mask_h)
+
+
+@triton.jit
+def _decode_stage2(mid_o, mid_lse, out_ptr, kv_indptr, num_kv_splits,
+                   stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
+                   D: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_BLOCK: tl.constexpr):
+    batch = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_d = tl.arange(0, D)
+    seq_len = tl.load(kv_indptr + batch + 1) - tl.load(kv_indptr + batch)
+    splits = tl.load(num_kv_splits + batch)
+    per_split = tl.cdiv(tl.cdiv(seq_len, splits), MIN_BLOCK) * MIN_BLOCK
+    e_max = float("-inf")
+    e_sum = 0.0
+    acc = tl.zeros([D], dtype=tl.float32)
+    for s in range(MAX_SPLITS):
+        s0 = per_split * s
+        s1 = tl.minimum(s0 + per_split, seq_len)
+        if s1 > s0:
+            part = tl.load(mid_o + batch * stride_mo_b + head * stride_mo_h + s * stride_mo_s + offs_d)
+            lse = tl.load(mid_lse + batch * stride_ml_b + head * stride_ml_h + s)
+            n_max = tl.maximum(lse, e_max)
+            old = tl.exp(e_max - n_max)
+            w = tl.exp(lse - n_max)
+            acc = acc * old + w * part
+            e_sum = e_sum * old + w
+            e_max = n_max
+    out = tl.where(e_sum > 0, acc / tl.maximum(e_sum, 1e-30), 0.0)
+    tl.store(out_ptr + batch * stride_o_b + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+def use_bf16_dots(x: torch.Tensor, requested: bool | None) -> bool:
+    if requested is not None:
+        return requested
+    return x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+
+
+def attention_planes(fmt: KVFormat, planes: dict[str, torch.Tensor]):
+    """(k_codes, k_scales, v_codes, v_scales) as the kernels take them; scales are a placeholder for bf16."""
+    if tables.format_kind(fmt) == tables.FMT_BF16:
+        ph = tables.identity_placeholder(planes["k"].device).view(1, 1, 1)
+        return planes["k"], ph, planes["v"], ph
+    return planes["k_codes"], planes["k_scales"], planes["v_codes"], planes["v_scales"]
+
+
+def layout(fmt: KVFormat) -> tuple[int, int, int]:
+    """(kind, K leading 4-bit blocks, V leading 4-bit blocks)."""
+    kind = tables.format_kind(fmt)
+    if kind != tables.FMT_OCTAVE:
+        return kind, 0, 0
+    return kind, tables.leading_4bit_blocks(fmt.k_bits), tables.leading_4bit_blocks(fmt.v_bits)
+
+
+def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Tensor], o: torch.Tensor,
+                     kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float,
+                     num_kv_splits: torch.Tensor | None = None, max_kv_splits: int = DEFAULT_MAX_KV_SPLITS,
+                     page_size: int = 1, logit_cap: float = 0.0, block_n: int = 64,
+                     dot_bf16: bool | None = None, num_warps: int = 4) -> torch.Tensor:
+    """q [B, Hq, D] (float), o [B, Hq, D] (written, every element); kv_indptr [>= B+1], kv_indices int32/int64.
+    num_kv_splits: int32 [B] splits per request (each <= max_kv_splits); None = max_kv_splits for all.
+    dot_bf16: feed the tensor-core dots bf16 operands (q, tile values, probabilities; scales stay float32);
+    None = on a GPU, not under the CPU interpreter (where float32 keeps tests exact). Returns o."""
+    check_planes(fmt, planes)
+    batch, hq, d = q.shape
+    h_kv = next(iter(planes.values())).shape[1]
+    assert d == fmt.head_dim, (d, fmt.head_dim)
+    assert q.is_floating_point() and q.stride(-1) == 1, (q.dtype, q.stride())
+    assert o.shape == q.shape and o.stride(-1) == 1 and o.is_floating_point(), (o.shape, o.stride())
+    assert hq % h_kv == 0, f"q heads {hq} not a multiple of kv heads {h_kv}"
+    assert kv_indptr.dim() == 1 and kv_indptr.shape[0] >= batch + 1, kv_indptr.shape
+    assert kv_indptr.dtype in (torch.int32, torch.int64) and kv_indices.dtype in (torch.int32, torch.int64)
+    assert page_size >= 1, page_size
+    assert max_kv_splits >= 1, max_kv_splits
+    if batch == 0:
+        return o
+    dev = q.device
+    if num_kv_splits is None:
+        num_kv_splits = torch.full((batch,), max_kv_splits, dtype=torch.int32, device=dev)
+    assert num_kv_splits.shape[0] >= batch, num_kv_splits.shape
+    kind, k_n4, v_n4 = layout(fmt)
+    group = hq // h_kv
+    block_h = max(16, triton.next_power_of_2(group))
+    q_in = q
+    if fmt.rotated:
+        q_in = rotate_rows(q, torch.empty(q.shape, dtype=torch.float32, device=dev), rotation.K_TENSOR, False)
+    mid_o = torch.empty(batch, hq, max_kv_splits, d, dtype=torch.float32, device=dev)
+    mid_lse = torch.empty(batch, hq, max_kv_splits, dtype=torch.float32, device=dev)
+    kc, ks, vc, vs = attention_planes(fmt, planes)
+    _decode_stage1[(batch, h_kv, max_kv_splits)](
+        q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse,
+        sm_scale, kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1),
+        vs.stride(0), vs.stride(1), q_in.stride(0), q_in.stride(1), mid_o.stride(0), mid_o.stride(1),
+        mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        FMT=kind, GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, MIN_BLOCK=MIN_BLOCK_KV, K_N4=k_n4,
+        V_N4=v_n4, NB=d // 64, LOGIT_CAP=float(logit_cap), DOT_BF16=use_bf16_dots(q, dot_bf16),
+        num_warps=num_warps)
+    out = torch.empty(q.shape, dtype=torch.float32, device=dev) if fmt.rotated else o
+    _decode_stage2[(batch, hq)](
+        mid_o, mid_lse, out, kv_indptr, num_kv_splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),
+        D=d, MAX_SPLITS=max_kv_splits, MIN_BLOCK=MIN_BLOCK_KV)
+    if fmt.rotated:
+        rotate_rows(out, o, rotation.V_TENSOR, True)
+    return o

@@ -1,0 +1,146 @@
+"""Extend (prefill) attention: each request's new tokens attend to its compressed prefix, read from the planes
+through kv_indices (which cover the prefix only, as in SGLang), and to the new tokens themselves, taken at
+full precision from k_extend / v_extend (also already stored in the pool by store_kv), causally.
+
+Octave: q, k_extend and v_extend are rotated once into the K / V bases, the kernel works in the rotated basis
+throughout, and the output is un-rotated once. Grid (batch, q_head, query block), as SGLang's extend kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..kvformats import KVFormat, rotation
+from .checks import check_planes
+from .decode import _tanh, attention_planes, layout, use_bf16_dots
+from .rotate import rotate_rows
+from .tiles import accumulate, load_q_blocks, scores, store_blocks
+
+
+@triton.jit
+def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v_scales,
+                   qo_indptr, kv_indptr, kv_indices, sm_scale,
+                   stride_q_t, stride_q_h, stride_ke_t, stride_ke_h, stride_ve_t, stride_ve_h,
+                   stride_o_t, stride_o_h,
+                   stride_kc_slot, stride_kc_head, stride_ks_slot, stride_ks_head,
+                   stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
+                   FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, K_N4: tl.constexpr, V_N4: tl.constexpr, NB: tl.constexpr,
+                   IS_CAUSAL: tl.constexpr, LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr):
+    batch = tl.program_id(0)
+    head = tl.program_id(1)
+    block_m = tl.program_id(2)
+    kv_head = head // GROUP
+    q_start = tl.load(qo_indptr + batch).to(tl.int64)
+    ext_len = tl.load(qo_indptr + batch + 1) - q_start
+    if block_m * BLOCK_M < ext_len:
+        kv_start = tl.load(kv_indptr + batch)
+        prefix_len = tl.load(kv_indptr + batch + 1) - kv_start
+        offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < ext_len
+        q0, q1, q2, q3 = load_q_blocks(q_ptr, (q_start + offs_m) * stride_q_t + head * stride_q_h, mask_m, NB)
+        e_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        e_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc0 = tl.zeros([BLOCK_M, 64], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_M, 64], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_M, 64], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_M, 64], dtype=tl.float32)
+        # stage 1: the compressed prefix, through kv_indices
+        for n0 in range(0, prefix_len, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < prefix_len
+            slot = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
+            qk = scores(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
+                        slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_M, BLOCK_N,
+                        DOT_BF16) * sm_scale
+            if LOGIT_CAP > 0:
+                qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
+            qk = tl.where(mask_n[None, :], qk, float("-inf"))
+            n_max = tl.maximum(tl.max(qk, 1), e_max)
+            rescale = tl.exp(e_max - n_max)
+            p = tl.exp(qk - n_max[:, None])
+            e_sum = e_sum * rescale + tl.sum(p, 1)
+            e_max = n_max
+            acc0, acc1, acc2, acc3 = accumulate(
+                FMT, p, acc0 * rescale[:, None], acc1 * rescale[:, None], acc2 * rescale[:, None],
+                acc3 * rescale[:, None], v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
+                slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16)
+        # stage 2: the new tokens at full precision (already in the attention basis)
+        if IS_CAUSAL:
+            ext_end = tl.minimum((block_m + 1) * BLOCK_M, ext_len)
+        else:
+            ext_end = ext_len
+        for n0 in range(0, ext_end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < ext_len
+            rows = q_start + offs_n
+            qk = scores(0, q0, q1, q2, q3, ke_ptr, ke_ptr, rows * stride_ke_t + kv_head * stride_ke_h, rows,
+                        mask_n, 0, NB, BLOCK_M, BLOCK_N, DOT_BF16) * sm_scale
+            if LOGIT_CAP > 0:
+                qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
+            keep = mask_n[None, :]
+            if IS_CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            qk = tl.where(keep, qk, float("-inf"))
+            n_max = tl.maximum(tl.max(qk, 1), e_max)
+            rescale = tl.exp(e_max - n_max)
+            p = tl.exp(qk - n_max[:, None])
+            e_sum = e_sum * rescale + tl.sum(p, 1)
+            e_max = n_max
+            acc0, acc1, acc2, acc3 = accumulate(
+                0, p, acc0 * rescale[:, None], acc1 * rescale[:, None], acc2 * rescale[:, None],
+                acc3 * rescale[:, None], ve_ptr, ve_ptr, rows * stride_ve_t + kv_head * stride_ve_h, rows, mask_n,
+                0, NB, BLOCK_N, DOT_BF16)
+        store_blocks(out_ptr, (q_start + offs_m) * stride_o_t + head * stride_o_h, mask_m, acc0, acc1, acc2, acc3,
+                     1.0 / e_sum, NB)
+
+
+def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tensor, v_extend: torch.Tensor,
+                     o_extend: torch.Tensor, planes: dict[str, torch.Tensor], qo_indptr: torch.Tensor,
+                     kv_indptr: torch.Tensor, kv_indices: torch.Tensor, max_len_extend: int, sm_scale: float,
+                     is_causal: bool = True, page_size: int = 1, logit_cap: float = 0.0,
+                     block_m: int = 32, block_n: int = 32, dot_bf16: bool | None = None) -> torch.Tensor:
+    """q_extend/o_extend [T, Hq, D], k_extend/v_extend [T, Hkv, D]; qo_indptr [B+1] over T; kv_indptr [B+1]
+    and kv_indices: each request's prefix slots (token-level ids; page_size as in decode.py).
+    max_len_extend must be >= every request's new-token count. dot_bf16: as in decode_attention.
+    Writes every row of o_extend; returns it."""
+    check_planes(fmt, planes)
+    t, hq, d = q_extend.shape
+    h_kv = next(iter(planes.values())).shape[1]
+    assert d == fmt.head_dim, (d, fmt.head_dim)
+    for name, x in (("k_extend", k_extend), ("v_extend", v_extend)):
+        assert x.shape == (t, h_kv, d), f"{name}: {tuple(x.shape)}, expected {(t, h_kv, d)}"
+    for name, x in (("q_extend", q_extend), ("k_extend", k_extend), ("v_extend", v_extend), ("o_extend", o_extend)):
+        assert x.is_floating_point() and x.stride(-1) == 1, f"{name}: {x.dtype} {x.stride()}"
+    assert o_extend.shape == q_extend.shape, (o_extend.shape, q_extend.shape)
+    assert hq % h_kv == 0, f"q heads {hq} not a multiple of kv heads {h_kv}"
+    assert qo_indptr.dim() == 1 and kv_indptr.shape == qo_indptr.shape, (qo_indptr.shape, kv_indptr.shape)
+    assert page_size >= 1, page_size
+    batch = qo_indptr.shape[0] - 1
+    if batch == 0 or t == 0:
+        return o_extend
+    dev = q_extend.device
+    kind, k_n4, v_n4 = layout(fmt)
+    q_in, k_in, v_in = q_extend, k_extend, v_extend
+    if fmt.rotated:
+        f32 = torch.float32
+        q_in = rotate_rows(q_extend, torch.empty(q_extend.shape, dtype=f32, device=dev), rotation.K_TENSOR, False)
+        k_in = rotate_rows(k_extend, torch.empty(k_extend.shape, dtype=f32, device=dev), rotation.K_TENSOR, False)
+        v_in = rotate_rows(v_extend, torch.empty(v_extend.shape, dtype=f32, device=dev), rotation.V_TENSOR, False)
+        out = torch.empty(q_extend.shape, dtype=f32, device=dev)
+    else:
+        out = o_extend
+    kc, ks, vc, vs = attention_planes(fmt, planes)
+    grid = (batch, hq, triton.cdiv(max(int(max_len_extend), 1), block_m))
+    _extend_kernel[grid](
+        q_in, k_in, v_in, out, kc, ks, vc, vs, qo_indptr, kv_indptr, kv_indices, sm_scale,
+        q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1), v_in.stride(0), v_in.stride(1),
+        out.stride(0), out.stride(1),
+        kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1), vs.stride(0), vs.stride(1),
+        FMT=kind, GROUP=hq // h_kv, BLOCK_M=block_m, BLOCK_N=block_n, K_N4=k_n4, V_N4=v_n4, NB=d // 64,
+        IS_CAUSAL=bool(is_causal), LOGIT_CAP=float(logit_cap), DOT_BF16=use_bf16_dots(q_extend, dot_bf16))
+    if fmt.rotated:
+        rotate_rows(out, o_extend, rotation.V_TENSOR, True)
+    return o_extend

@@ -1,0 +1,128 @@
+"""Ahead-of-time compile every kernel for the GPU targets we claim, without a GPU:
+
+    python -m sglang_ext.kernels.targets [--target cuda:80 ...] [--json]
+
+Targets: cuda sm_80 (A100), sm_86 (RTX 30xx / A10), sm_90 (H100 / H200) and hip gfx1100 (RDNA3). Each kernel is
+compiled in every variant the launchers use (per format kind and head_dim layout) through
+triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget(...)). Prints a table; exits 1 if any
+compile failed. Must run with TRITON_INTERPRET unset (the interpreter replaces the JIT functions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+TARGETS = {"cuda:80": ("cuda", 80, 32), "cuda:86": ("cuda", 86, 32), "cuda:90": ("cuda", 90, 32),
+           "hip:gfx1100": ("hip", "gfx1100", 32)}
+
+
+@dataclass(frozen=True)
+class C:
+    """A constexpr argument's value."""
+    value: object
+
+
+def _variants():
+    """(label, jit function, {arg name: type string or C(value)}) for every kernel variant."""
+    from . import decode, dequant, extend, rotate, store
+
+    p32, p16, pb16, pu8, pi8, pi32 = "*fp32", "*fp16", "*bf16", "*u8", "*i8", "*i32"
+    i32, f32 = "i32", "fp32"
+    # per format kind: (codes ptr, scales ptr, K leading 4-bit blocks, V leading 4-bit blocks) at D 256 / rotary 64
+    kinds = {
+        "bf16": (0, pb16, p32, 0, 0),
+        "int8": (1, pi8, p32, 0, 0),
+        "octave_k3v4": (2, pu8, p16, 1, 4),
+        "octave_k3v3": (2, pu8, p16, 1, 0),
+    }
+    out = [("rotate_rows", rotate._rotate_rows_kernel, {
+        "x_ptr": pb16, "out_ptr": p32, "mat_ptr": p32, "num_rows": i32, "rows_per_outer": i32, "stride_x_outer": i32,
+        "stride_x_inner": i32, "stride_o_outer": i32, "stride_o_inner": i32, "NB": C(4), "BLOCK_R": C(16)})]
+    for name, (fmt, codes, scales, k_n4, v_n4) in kinds.items():
+        for d in (128, 256):
+            kn4 = min(k_n4, d // 64) if d == 256 else (d // 64 if fmt == 2 else 0)
+            vn4 = (d // 64 if v_n4 else 0) if fmt == 2 else 0
+            tag = f"{name} d{d}"
+            out.append((f"store {tag}", store._store_kernel, {
+                "x_ptr": pb16, "loc_ptr": pi32, "codes_ptr": codes, "scales_ptr": scales, "sign_ptr": p32, "thr_ptr": p32,
+                "level_ptr": p32, "num_tokens": i32, "stride_x_n": i32, "stride_x_h": i32, "stride_c_slot": i32,
+                "stride_c_head": i32, "stride_s_slot": i32, "stride_s_head": i32,
+                "FMT": C(fmt), "D": C(d), "N4": C(kn4), "NB": C(d // 64), "BLOCK_N": C(16)}))
+            common = {"k_codes": codes, "k_scales": scales, "v_codes": codes, "v_scales": scales}
+            strides = {s: i32 for s in ("stride_kc_slot", "stride_kc_head", "stride_ks_slot", "stride_ks_head",
+                                        "stride_vc_slot", "stride_vc_head", "stride_vs_slot", "stride_vs_head")}
+            out.append((f"decode_stage1 {tag}", decode._decode_stage1, dict(
+                q_ptr=p32, **common, kv_indptr=pi32, kv_indices=pi32, num_kv_splits=pi32, mid_o=p32,
+                mid_lse=p32, sm_scale=f32, **strides, stride_q_b=i32, stride_q_h=i32, stride_mo_b=i32,
+                stride_mo_h=i32, stride_mo_s=i32, stride_ml_b=i32, stride_ml_h=i32,
+                FMT=C(fmt), GROUP=C(8), BLOCK_H=C(16), BLOCK_N=C(64), MIN_BLOCK=C(32), K_N4=C(kn4),
+                V_N4=C(vn4), NB=C(d // 64), LOGIT_CAP=C(0.0), DOT_BF16=C(True))))
+            out.append((f"extend {tag}", extend._extend_kernel, dict(
+                q_ptr=p32, ke_ptr=p32, ve_ptr=p32, out_ptr=p32, **common, qo_indptr=pi32, kv_indptr=pi32,
+                kv_indices=pi32, sm_scale=f32, stride_q_t=i32, stride_q_h=i32, stride_ke_t=i32, stride_ke_h=i32,
+                stride_ve_t=i32, stride_ve_h=i32, stride_o_t=i32, stride_o_h=i32, **strides,
+                FMT=C(fmt), GROUP=C(8), BLOCK_M=C(32), BLOCK_N=C(32), K_N4=C(kn4), V_N4=C(vn4),
+                NB=C(d // 64), IS_CAUSAL=C(True), LOGIT_CAP=C(0.0), DOT_BF16=C(True))))
+            out.append((f"dequant {tag}", dequant._dequant_kernel, {
+                "codes": codes, "scales": scales, "loc_ptr": pi32, "out_ptr": p32, "num_tokens": i32,
+                "stride_c_slot": i32, "stride_c_head": i32, "stride_s_slot": i32, "stride_s_head": i32, "stride_o_n": i32,
+                "stride_o_h": i32, "FMT": C(fmt), "N4": C(kn4), "NB": C(d // 64), "BLOCK_N": C(16)}))
+    out.append(("decode_stage2 d256", decode._decode_stage2, {
+        "mid_o": p32, "mid_lse": p32, "out_ptr": pb16, "kv_indptr": pi32, "num_kv_splits": pi32, "stride_mo_b": i32,
+        "stride_mo_h": i32, "stride_mo_s": i32, "stride_ml_b": i32, "stride_ml_h": i32, "stride_o_b": i32, "stride_o_h": i32,
+        "D": C(256), "MAX_SPLITS": C(16), "MIN_BLOCK": C(32)}))
+    return out
+
+
+def compile_one(fn, spec: dict, target) -> None:
+    import triton
+    from triton.compiler import ASTSource
+
+    missing = set(fn.arg_names) - set(spec)
+    assert not missing, f"{fn.__name__}: no type for {sorted(missing)}"
+    signature = {a: ("constexpr" if isinstance(spec[a], C) else spec[a]) for a in fn.arg_names}
+    constexprs = {a: spec[a].value for a in fn.arg_names if isinstance(spec[a], C)}
+    triton.compile(ASTSource(fn, signature, constexprs), target=target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sglang_ext.kernels.targets", description=__doc__)
+    ap.add_argument("--target", action="append", choices=sorted(TARGETS), help="default: all")
+    ap.add_argument("--only", default="", help="compile only variants whose label contains this")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("error: unset TRITON_INTERPRET (the interpreter replaces the kernels' JIT functions)", file=sys.stderr)
+        return 2
+    from triton.backends.compiler import GPUTarget
+
+    targets = args.target or list(TARGETS)
+    rows = []
+    for label, fn, spec in _variants():
+        if args.only not in label:
+            continue
+        for tname in targets:
+            t0 = time.time()
+            try:
+                compile_one(fn, spec, GPUTarget(*TARGETS[tname]))
+                status = "ok"
+            except Exception as e:  # noqa: BLE001 - every failure is reported in the table and the exit code
+                status = f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            rows.append({"kernel": label, "target": tname, "status": status, "seconds": round(time.time() - t0, 2)})
+            if not args.json:
+                print(f"{label:<32} {tname:<12} {status:<6} {rows[-1]['seconds']:>6.2f}s", flush=True)
+    failed = [r for r in rows if r["status"] != "ok"]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(f"{len(rows) - len(failed)} compiled, {len(failed)} failed")
+    return 1 if failed or not rows else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,177 @@
+"""Triton device helpers shared by the attention kernels. A head is processed as 64-dim blocks: for block b
+`kv_block` gives the tile's unscaled values (bf16 values, int8 codes, or octave Lloyd-Max levels, read from
+contiguous packed bytes and unpacked in registers) and `kv_scale` its per-row scale; `scores` and
+`accumulate` apply the scales to the [M, BLOCK_N] score / probability tiles, never to a [BLOCK_N, D] tile.
+Nothing here dequantizes more than the tile in hand. Heads have at most 4 blocks (head_dim <= 256), so q
+blocks and output accumulators travel as four variables (unused ones are dead code)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..kvformats.codebook import LEVELS
+
+# Positive Lloyd-Max levels as compile-time constants (the negative half is the exact mirror).
+P4_0: tl.constexpr = tl.constexpr(LEVELS[4][8])
+P4_1: tl.constexpr = tl.constexpr(LEVELS[4][9])
+P4_2: tl.constexpr = tl.constexpr(LEVELS[4][10])
+P4_3: tl.constexpr = tl.constexpr(LEVELS[4][11])
+P4_4: tl.constexpr = tl.constexpr(LEVELS[4][12])
+P4_5: tl.constexpr = tl.constexpr(LEVELS[4][13])
+P4_6: tl.constexpr = tl.constexpr(LEVELS[4][14])
+P4_7: tl.constexpr = tl.constexpr(LEVELS[4][15])
+P3_0: tl.constexpr = tl.constexpr(LEVELS[3][4])
+P3_1: tl.constexpr = tl.constexpr(LEVELS[3][5])
+P3_2: tl.constexpr = tl.constexpr(LEVELS[3][6])
+P3_3: tl.constexpr = tl.constexpr(LEVELS[3][7])
+
+
+@triton.jit
+def level_of(code, BITS: tl.constexpr):
+    """Lloyd-Max level of each code (select tree; no memory lookups)."""
+    if BITS == 4:
+        neg = code < 8
+        m = tl.where(neg, 7 - code, code - 8)
+        pos = tl.where(m < 4,
+                       tl.where(m < 2, tl.where(m == 0, P4_0, P4_1), tl.where(m == 2, P4_2, P4_3)),
+                       tl.where(m < 6, tl.where(m == 4, P4_4, P4_5), tl.where(m == 6, P4_6, P4_7)))
+    else:
+        neg = code < 4
+        m = tl.where(neg, 3 - code, code - 4)
+        pos = tl.where(m < 2, tl.where(m == 0, P3_0, P3_1), tl.where(m == 2, P3_2, P3_3))
+    return tl.where(neg, -pos, pos)
+
+
+@triton.jit
+def codes_block(row_ptr, mask_n, OFF: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """int32 codes [BLOCK_N, 64] of the block whose packed bytes start OFF bytes into each row.
+    (Measured on an H200: a per-dim gather of each code's byte instead of this load-once-then-join unpack is
+    about 3x slower.)"""
+    m2 = mask_n[:, None]
+    if BITS == 4:
+        byte = tl.load(row_ptr[:, None] + OFF + tl.arange(0, 32)[None, :], mask=m2, other=0).to(tl.int32)
+        code = tl.reshape(tl.join(byte & 15, byte >> 4), [BLOCK_N, 64])  # dim 2j: low nibble, 2j+1: high
+    else:
+        p2 = tl.load(row_ptr[:, None] + OFF + tl.arange(0, 16)[None, :], mask=m2, other=0).to(tl.int32)
+        # dim 4j + r = bits 2r..2r+1 of byte j; nested joins put field (2s + t) at [j, s, t]
+        low = tl.reshape(tl.join(tl.join(p2 & 3, (p2 >> 4) & 3), tl.join((p2 >> 2) & 3, p2 >> 6)), [BLOCK_N, 64])
+        p1 = tl.load(row_ptr[:, None] + OFF + 16 + tl.arange(0, 8)[None, :], mask=m2, other=0).to(tl.int32)
+        # dim 8j + r = bit r of byte j; field (4a + 2b + c) lands at [j, a, b, c]
+        high = tl.reshape(
+            tl.join(tl.join(tl.join(p1 & 1, (p1 >> 4) & 1), tl.join((p1 >> 2) & 1, (p1 >> 6) & 1)),
+                    tl.join(tl.join((p1 >> 1) & 1, (p1 >> 5) & 1), tl.join((p1 >> 3) & 1, (p1 >> 7) & 1))),
+            [BLOCK_N, 64])
+        code = low | (high << 2)
+    return code
+
+
+@triton.jit
+def kv_block(FMT: tl.constexpr, codes_ptr, row, mask_n, b: tl.constexpr, N4: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Unscaled float32 values [BLOCK_N, 64] of block b. row: int64 [BLOCK_N] element offsets of the rows.
+    FMT 0: plain float rows (bf16 planes, or extend's new K/V); 1: int8 codes; 2: octave levels, where blocks
+    0..N4-1 are 4-bit (32 bytes) and the rest 3-bit (24 bytes)."""
+    if FMT == 2:
+        if b < N4:
+            x = level_of(codes_block(codes_ptr + row, mask_n, b * 32, 4, BLOCK_N), 4)
+        else:
+            x = level_of(codes_block(codes_ptr + row, mask_n, N4 * 32 + (b - N4) * 24, 3, BLOCK_N), 3)
+    else:
+        offs = b * 64 + tl.arange(0, 64)
+        x = tl.load(codes_ptr + row[:, None] + offs[None, :], mask=mask_n[:, None], other=0).to(tl.float32)
+    return x
+
+
+@triton.jit
+def kv_scale(FMT: tl.constexpr, scales_ptr, srow, mask_n, b: tl.constexpr):
+    """float32 [BLOCK_N] scale of block b (int8: the row's scale; masked rows: 0). Not called for FMT 0."""
+    if FMT == 2:
+        s = tl.load(scales_ptr + srow + b, mask=mask_n, other=0.0).to(tl.float32)
+    else:
+        s = tl.load(scales_ptr + srow, mask=mask_n, other=0.0).to(tl.float32)
+    return s
+
+
+@triton.jit
+def _dot(a, b, DOT_BF16: tl.constexpr):
+    if DOT_BF16:
+        r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    else:
+        r = tl.dot(a, b)
+    return r
+
+
+@triton.jit
+def scores(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, mask_n, N4: tl.constexpr,
+           NB: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
+    """q . k for a tile: float32 [M, BLOCK_N]. q0..q3: the query's 64-dim blocks [M, 64]."""
+    qk = tl.zeros([M, BLOCK_N], dtype=tl.float32)
+    for b in tl.static_range(NB):
+        if b == 0:
+            qb = q0
+        elif b == 1:
+            qb = q1
+        elif b == 2:
+            qb = q2
+        else:
+            qb = q3
+        part = _dot(qb, tl.trans(kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N)), DOT_BF16)
+        if FMT == 2:
+            part = part * kv_scale(FMT, scales_ptr, srow, mask_n, b)[None, :]
+        qk += part
+    if FMT == 1:
+        qk = qk * kv_scale(FMT, scales_ptr, srow, mask_n, 0)[None, :]
+    return qk
+
+
+@triton.jit
+def accumulate(FMT: tl.constexpr, p, acc0, acc1, acc2, acc3, codes_ptr, scales_ptr, row, srow, mask_n,
+               N4: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
+    """acc_b += p @ v_b for a tile; p float32 [M, BLOCK_N] (the V scales are folded into p's columns)."""
+    if FMT == 1:
+        p = p * kv_scale(FMT, scales_ptr, srow, mask_n, 0)[None, :]
+    for b in tl.static_range(NB):
+        pb = p
+        if FMT == 2:
+            pb = p * kv_scale(FMT, scales_ptr, srow, mask_n, b)[None, :]
+        part = _dot(pb, kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N), DOT_BF16)
+        if b == 0:
+            acc0 += part
+        elif b == 1:
+            acc1 += part
+        elif b == 2:
+            acc2 += part
+        else:
+            acc3 += part
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def load_q_blocks(ptr, rows, mask_rows, NB: tl.constexpr):
+    """The 64-dim blocks of rows `rows` (int64 element offsets), float32; blocks past NB repeat block 0."""
+    offs = tl.arange(0, 64)
+    m2 = mask_rows[:, None]
+    q0 = tl.load(ptr + rows[:, None] + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+    q1 = q0
+    q2 = q0
+    q3 = q0
+    if NB > 1:
+        q1 = tl.load(ptr + rows[:, None] + 64 + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+    if NB > 2:
+        q2 = tl.load(ptr + rows[:, None] + 128 + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+        q3 = tl.load(ptr + rows[:, None] + 192 + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+    return q0, q1, q2, q3
+
+
+@triton.jit
+def store_blocks(ptr, rows, mask_rows, acc0, acc1, acc2, acc3, inv, NB: tl.constexpr):
+    """Store acc_b * inv[:, None] to the rows' 64-dim blocks (cast to the pointer's dtype)."""
+    offs = tl.arange(0, 64)
+    m2 = mask_rows[:, None]
+    ty = ptr.dtype.element_ty
+    tl.store(ptr + rows[:, None] + offs[None, :], (acc0 * inv[:, None]).to(ty), mask=m2)
+    if NB > 1:
+        tl.store(ptr + rows[:, None] + 64 + offs[None, :], (acc1 * inv[:, None]).to(ty), mask=m2)
+    if NB > 2:
+        tl.store(ptr + rows[:, None] + 128 + offs[None, :], (acc2 * inv[:, None]).to(ty), mask=m2)
+        tl.store(ptr + rows[:, None] + 192 + offs[None, :], (acc3 * inv[:, None]).to(ty), mask=m2)

@@ -1,0 +1,131 @@
+"""octave_k3v4 / octave_k3v3: block-rotated Lloyd-Max codes with one energy-keeping fp16 scale per block.
+
+Per (token, KV head), K and V separately, each 64-dim block b of the head:
+  y = R_b x_b                      (rotation.py: signs then Walsh-Hadamard / 8; K and V have their own signs)
+  norm2 = tree_sum(y * y)          (pairwise halves: s = s[:32] + s[32:], s = s[:16] + s[16:], ...)
+  sigma = sqrt(norm2) * 0.125      (|y| / sqrt(64))
+  code_i = #{thresholds m : y_i / sigma > m}     (codebook.py, nearest Lloyd-Max level, ties to the lower)
+  scale = fp16(norm2 / tree_sum(y * L[code]))    (x . x_hat = |x|^2: energy-keeping, not least squares)
+  an all-zero block (norm2 == 0) stores code 2**(bits-1) - 1 everywhere and scale 0.
+Reconstruction: x_hat_b = R_b^T (scale * L[code]).
+
+K bits per block: a block holding any rotary dim (rotary dims are the first rotary_dim dims of the head) gets
+K_ROPE_BITS, the others 3 bits; with full RoPE (rotary_dim == head_dim) see FULL_ROPE_K_BITS.
+V bits: 4 (k3v4) or 3 (k3v3) for every block.
+Planes: k_codes uint8 [sum of K block bytes], k_scales float16 [D/64], v_codes uint8 [...], v_scales float16
+[D/64]; blocks' bytes are concatenated in block order (packing.py gives a block's layout).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import rotation
+from .base import KVFormat
+from .codebook import LEVELS, thresholds
+from .packing import BLOCK, BLOCK_BYTES, pack_block, unpack_block
+
+K_ROPE_BITS = 4  # K blocks that carry rotary dims (partial-RoPE models)
+K_NOPE_BITS = 3  # K blocks without rotary dims
+# Full-RoPE models (every block is rotary): bits for every K block. Chosen by measurement, see docs/formats.md.
+FULL_ROPE_K_BITS = 4
+FP16_MAX = 65504.0
+
+
+def tree_sum64(x: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dim (64) in the format's fixed pairwise-halves order."""
+    h = x.shape[-1]
+    while h > 1:
+        h //= 2
+        x = x[..., :h] + x[..., h:]
+    return x[..., 0]
+
+
+def levels_tensor(bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.tensor(LEVELS[bits], dtype=torch.float32, device=device)
+
+
+def thresholds_tensor(bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.tensor(thresholds(bits), dtype=torch.float32, device=device)
+
+
+def quantize_rotated_block(y: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """y float32 [..., 64] (already rotated) -> (codes int64 [..., 64], scale float16 [...])."""
+    norm2 = tree_sum64(y * y)
+    nonzero = norm2 > 0
+    sigma = torch.sqrt(norm2) * 0.125
+    sigma = torch.where(nonzero, sigma, torch.ones_like(sigma))
+    t = y / sigma[..., None]
+    codes = torch.bucketize(t, thresholds_tensor(bits, y.device))  # = #{m : t > m}
+    dot = tree_sum64(y * levels_tensor(bits, y.device)[codes])
+    scale = torch.where(nonzero, norm2 / torch.where(nonzero, dot, torch.ones_like(dot)), torch.zeros_like(dot))
+    return codes, scale.clamp(max=FP16_MAX).to(torch.float16)
+
+
+class OctaveFormat(KVFormat):
+    rotated = True
+
+    def __init__(self, name: str, v_bits: int, head_dim: int, rotary_dim: int | None = None,
+                 full_rope_k_bits: int = FULL_ROPE_K_BITS):
+        self.name = name
+        super().__init__(head_dim, rotary_dim)
+        self.num_blocks = head_dim // BLOCK
+        if self.rotary_dim == head_dim:
+            # full_rope_k_bits is a knob for the measurement that chose FULL_ROPE_K_BITS (errors.py)
+            self.k_bits = (full_rope_k_bits,) * self.num_blocks
+        else:
+            self.k_bits = tuple(K_ROPE_BITS if b * BLOCK < self.rotary_dim else K_NOPE_BITS for b in range(self.num_blocks))
+        self.v_bits = (v_bits,) * self.num_blocks
+        self.k_code_bytes = sum(BLOCK_BYTES[b] for b in self.k_bits)
+        self.v_code_bytes = sum(BLOCK_BYTES[b] for b in self.v_bits)
+
+    def plane_specs(self):
+        nb = self.num_blocks
+        return {
+            "k_codes": (torch.uint8, (self.k_code_bytes,)),
+            "k_scales": (torch.float16, (nb,)),
+            "v_codes": (torch.uint8, (self.v_code_bytes,)),
+            "v_scales": (torch.float16, (nb,)),
+        }
+
+    def describe_bits(self) -> str:
+        return "K " + "/".join(str(b) for b in self.k_bits) + " V " + "/".join(str(b) for b in self.v_bits)
+
+    def rotate_k(self, x):
+        return rotation.rotate(x, rotation.K_TENSOR)
+
+    def rotate_v(self, x):
+        return rotation.rotate(x, rotation.V_TENSOR)
+
+    def unrotate_v(self, x):
+        return rotation.unrotate(x, rotation.V_TENSOR)
+
+    def _quantize_one(self, x: torch.Tensor, tensor: int, bits: tuple[int, ...]):
+        y = rotation.rotate(x, tensor)  # [N, H, D] float32
+        packed, scales = [], []
+        for b, nbits in enumerate(bits):
+            codes, scale = quantize_rotated_block(y[..., b * BLOCK:(b + 1) * BLOCK], nbits)
+            packed.append(pack_block(codes, nbits))
+            scales.append(scale)
+        return torch.cat(packed, dim=-1).contiguous(), torch.stack(scales, dim=-1).contiguous()
+
+    def quantize(self, k, v):
+        self.check_kv(k, v)
+        kc, ks = self._quantize_one(k, rotation.K_TENSOR, self.k_bits)
+        vc, vs = self._quantize_one(v, rotation.V_TENSOR, self.v_bits)
+        return {"k_codes": kc, "k_scales": ks, "v_codes": vc, "v_scales": vs}
+
+    def dequantize_rotated(self, codes: torch.Tensor, scales: torch.Tensor, bits: tuple[int, ...]) -> torch.Tensor:
+        """Packed codes [..., bytes] + scales [..., NB] -> float32 [..., D] in the rotated basis."""
+        out, off = [], 0
+        for b, nbits in enumerate(bits):
+            nbytes = BLOCK_BYTES[nbits]
+            c = unpack_block(codes[..., off:off + nbytes], nbits)
+            out.append(levels_tensor(nbits, codes.device)[c] * scales[..., b:b + 1].to(torch.float32))
+            off += nbytes
+        return torch.cat(out, dim=-1)
+
+    def dequantize(self, planes):
+        k = self.dequantize_rotated(planes["k_codes"], planes["k_scales"], self.k_bits)
+        v = self.dequantize_rotated(planes["v_codes"], planes["v_scales"], self.v_bits)
+        return rotation.unrotate(k, rotation.K_TENSOR), rotation.unrotate(v, rotation.V_TENSOR)

@@ -1,0 +1,143 @@
+"""Decode and extend kernels vs the torch reference (kvformats.reference) over a grid: head_dim 64/128/256,
+GQA 1/3/8, page size 1/16, ragged lengths (an empty request, lengths spanning several splits), poisoned
+outputs (NaN-filled: every element must be written)."""
+
+import pytest
+import torch
+from kernel_test_helpers import allocate_slots, indptr
+
+from sglang_ext.kernels import decode_attention, extend_attention, store_kv
+from sglang_ext.kvformats import FORMAT_NAMES, get_format, reference
+
+# (head_dim, rotary_dim, kv heads, GQA group)
+CASES = [(64, None, 2, 1), (128, None, 1, 3), (256, 64, 1, 8)]
+
+
+def _pool(fmt, lengths, page_size, h_kv, gen, device):
+    slots = allocate_slots(lengths, page_size, num_pages=-(-sum(lengths) // page_size) + len(lengths) + 8, gen=gen)
+    num_slots = (-(-sum(lengths) // page_size) + len(lengths) + 8) * page_size
+    planes = fmt.allocate(num_slots, h_kv, device)
+    flat = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64)
+    n = flat.numel()
+    k = torch.randn(n, h_kv, fmt.head_dim, generator=gen) * 2
+    k[:, :, 1] += 6.0  # an outlier channel
+    v = torch.randn(n, h_kv, fmt.head_dim, generator=gen)
+    store_kv(fmt, planes, flat.to(device), k.to(device=device, dtype=torch.bfloat16), v.to(device=device, dtype=torch.bfloat16))
+    return planes, flat
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+@pytest.mark.parametrize("head_dim,rotary_dim,h_kv,group", CASES)
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_decode_matches_reference(name, head_dim, rotary_dim, h_kv, group, page_size, device):
+    fmt = get_format(name, head_dim, rotary_dim)
+    gen = torch.Generator().manual_seed(head_dim + page_size)
+    lengths = [70, 0, 5, 33]
+    planes, flat = _pool(fmt, lengths, page_size, h_kv, gen, device)
+    kv_indptr = indptr(lengths, device)
+    q = torch.randn(len(lengths), h_kv * group, head_dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+    o = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device=device)
+    splits = torch.tensor([4, 1, 2, 3], dtype=torch.int32, device=device)
+    decode_attention(fmt, q, planes, o, kv_indptr, flat.to(device=device, dtype=torch.int32), head_dim ** -0.5,
+                     num_kv_splits=splits, max_kv_splits=4, page_size=page_size)
+    ref = reference.decode_attention(fmt, q, planes, kv_indptr, flat.to(device), head_dim ** -0.5)
+    assert not torch.isnan(o).any(), "decode left output elements unwritten"
+    assert not o[1].float().any(), "a request without KV must get zeros"
+    torch.testing.assert_close(o.float().cpu(), ref.cpu(), rtol=2e-2, atol=2e-2)  # o is bf16
+    o32 = torch.full(q.shape, float("nan"), dtype=torch.float32, device=device)
+    decode_attention(fmt, q, planes, o32, kv_indptr, flat.to(device), head_dim ** -0.5, max_kv_splits=2,
+                     page_size=page_size, dot_bf16=False)
+    err = (o32 - ref).abs().max().item()
+    assert err < 1e-4, f"{name}: fp32 output differs from the reference by {err}"
+
+
+def test_decode_logit_cap(device):
+    fmt = get_format("octave_k3v3", 128)
+    gen = torch.Generator().manual_seed(3)
+    planes, flat = _pool(fmt, [40, 9], 1, 2, gen, device)
+    q = (torch.randn(2, 4, 128, generator=gen) * 10).to(device)
+    o = torch.empty_like(q)
+    ip = indptr([40, 9], device)
+    decode_attention(fmt, q, planes, o, ip, flat.to(device), 0.1, logit_cap=5.0, dot_bf16=False)
+    ref = reference.decode_attention(fmt, q, planes, ip, flat.to(device), 0.1, logit_cap=5.0)
+    assert (o - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+@pytest.mark.parametrize("head_dim,rotary_dim,h_kv,group", CASES)
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_extend_matches_reference(name, head_dim, rotary_dim, h_kv, group, page_size, device):
+    if page_size == 16 and name in ("bf16", "int8") and head_dim != 64:
+        pytest.skip("page-size coverage for plain formats is the d64 case (interpreter time)")
+    fmt = get_format(name, head_dim, rotary_dim)
+    gen = torch.Generator().manual_seed(head_dim * 3 + page_size)
+    prefix, ext = [37, 0, 20], [5, 19, 1]
+    planes, flat = _pool(fmt, prefix, page_size, h_kv, gen, device)
+    t = sum(ext)
+    q = torch.randn(t, h_kv * group, head_dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+    ke = torch.randn(t, h_kv, head_dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+    ve = torch.randn(t, h_kv, head_dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+    qo, kvp = indptr(ext, device), indptr(prefix, device)
+    for causal in (True, False) if head_dim == 64 else (True,):
+        o = torch.full((t, h_kv * group, head_dim), float("nan"), dtype=torch.float32, device=device)
+        extend_attention(fmt, q, ke, ve, o, planes, qo, kvp, flat.to(device=device, dtype=torch.int32), max(ext),
+                         head_dim ** -0.5, is_causal=causal, page_size=page_size, block_m=16, block_n=16,
+                         dot_bf16=False)
+        ref = reference.extend_attention(fmt, q, ke, ve, planes, qo, kvp, flat.to(device), head_dim ** -0.5,
+                                         is_causal=causal)
+        assert not torch.isnan(o).any(), "extend left output elements unwritten"
+        err = (o - ref).abs().max().item()
+        assert err < 1e-4, f"{name} causal={causal}: differs from the reference by {err}"
+
+
+@pytest.mark.parametrize("name", ["int8", "octave_k3v4", "octave_k3v3"])
+def test_kernels_on_real_smollm2_kv(name, device):
+    """End to end through the kernels on real SmolLM2 K/V/Q: store, then decode 8 queries each over its causal
+    prefix; the error vs float64 attention on the exact K/V stays under the format's SmolLM2 threshold."""
+    from sglang_ext.kvformats.errors import SMOLLM2_MEAN_ERR, exact_attention, smollm2_fixture
+
+    data = smollm2_fixture()
+    layer = 2
+    q, k, v = data["q"][layer].float(), data["k"][layer].float(), data["v"][layer].float()
+    t = k.shape[0]
+    fmt = get_format(name, 64)
+    planes = fmt.allocate(t, 3, device)
+    store_kv(fmt, planes, torch.arange(t, device=device), k.to(device), v.to(device))
+    picks = torch.arange(0, q.shape[0], 8)
+    positions = t - q.shape[0] + picks
+    lengths = (positions + 1).tolist()
+    kv_indices = torch.cat([torch.arange(n) for n in lengths]).to(device)
+    o = torch.empty(len(picks), 9, 64, device=device)
+    decode_attention(fmt, q[picks].to(device), planes, o, indptr(lengths, device), kv_indices, 0.125,
+                     max_kv_splits=2, block_n=64, dot_bf16=False)
+    ref = exact_attention(q[picks], k, v, 0.125, positions)
+    err = float((o.cpu().double() - ref).norm() / ref.norm())
+    assert err < SMOLLM2_MEAN_ERR[name] * 1.25, f"{name}: kernel attention rel error on SmolLM2 {err:.4f}"
+
+
+@pytest.mark.parametrize("name", ["int8", "octave_k3v4"])
+def test_bf16_dot_operands_stay_close(name, device):
+    """The GPU default feeds bf16 operands to the dots (scales stay float32): within bf16 rounding of exact."""
+    if device == "cpu":
+        pytest.skip("the Triton CPU interpreter does not emulate dots on bf16 operands; runs on a GPU")
+    fmt = get_format(name, 256, 64)
+    gen = torch.Generator().manual_seed(11)
+    lengths = [50, 17]
+    planes, flat = _pool(fmt, lengths, 1, 1, gen, device)
+    q = torch.randn(2, 8, 256, generator=gen).to(device)
+    ip = indptr(lengths, device)
+    ref = reference.decode_attention(fmt, q, planes, ip, flat.to(device), 256 ** -0.5)
+    o = torch.empty_like(q)
+    decode_attention(fmt, q, planes, o, ip, flat.to(device), 256 ** -0.5, dot_bf16=True)
+    err = ((o - ref).norm() / ref.norm()).item()
+    assert err < 2e-2, f"{name}: bf16-operand decode rel error {err}"
+    t = 9
+    qe = torch.randn(t, 8, 256, generator=gen).to(device)
+    ke = torch.randn(t, 1, 256, generator=gen).to(device)
+    qo, kvp = indptr([t, 0], device), indptr(lengths, device)
+    oe = torch.empty_like(qe)
+    extend_attention(fmt, qe, ke, ke, oe, planes, qo, kvp, flat.to(device), t, 256 ** -0.5, dot_bf16=True,
+                     block_m=16, block_n=16)
+    ref = reference.extend_attention(fmt, qe, ke, ke, planes, qo, kvp, flat.to(device), 256 ** -0.5)
+    err = ((oe - ref).norm() / ref.norm()).item()
+    assert err < 2e-2, f"{name}: bf16-operand extend rel error {err}"

@@ -1,0 +1,23 @@
+"""The ahead-of-time compile command, on a sample of variants (the full run, all kernels x 4 targets, takes
+minutes; it is run by hand and its table is in docs/formats.md)."""
+
+import os
+import subprocess
+import sys
+
+
+def test_targets_command_compiles_for_all_four_targets():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-m", "sglang_ext.kernels.targets", "--only", "decode_stage1 octave_k3v3 d128"],
+                         env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for target in ("cuda:80", "cuda:86", "cuda:90", "hip:gfx1100"):
+        assert f"{target}" in out.stdout and "FAIL" not in out.stdout, out.stdout
+    assert "4 compiled, 0 failed" in out.stdout
+
+
+def test_targets_command_refuses_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-m", "sglang_ext.kernels.targets", "--only", "nothing"], env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and "TRITON_INTERPRET" in out.stderr
