@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     print("sglang-ext: try:\n"
           f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
           "    -d '{\"model\": \"default\", \"messages\": [{\"role\": \"user\", "
-          "\"content\": \"What is the capital of France?\"}], \"max_tokens\": 32}'", flush=True)
+          "\"content\": \"What is the capital of France?\"}], \"max_tokens\": 32, \"temperature\": 0}'", flush=True)
     os.execv(sys.executable, [sys.executable, "-m", "sglang.launch_server", *argv])
 
 
