@@ -1,0 +1,147 @@
+"""Where the compressed KV formats enter SGLang: one hook per decision SGLang makes about the KV cache.
+
+Each hook passes through to SGLang's own code unless `--kv-cache-dtype` is one of `KV_CACHE_DTYPES`:
+  CLI            `--kv-cache-dtype` choices and help gain the three formats.
+  dtype          the string resolves to (name, model dtype): the model computes K/V in its own dtype.
+  checks         before sizing, `support.check_supported` refuses what the pool cannot serve.
+  sizing         bytes per token = KV heads x layers x the format's bytes per (token, head).
+  pool           `CompressedMHATokenToKVPool` instead of the dense MHA pool.
+  attention      triton / torch_native become the compressed-pool backends; any other backend is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+
+# compat (sglang 0.5.23)
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
+
+from sglang_ext.kvcache.formats import KV_CACHE_DTYPES, SUPPORTED_ATTENTION_BACKENDS, is_compressed_kv_dtype
+
+# compat (sglang 0.5.23): hook targets, dotted paths of SGLang internals
+_T_ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
+_T_CONFIGURE_DTYPE = "sglang.srt.mem_cache.kv_cache_dtype.configure_kv_cache_dtype"
+_T_CONFIGURE_POOLS = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
+_T_CELL_SIZE = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size"
+_T_BUILD_MHA_POOL = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_mha_kv_pool"
+_T_BUILD_ATTENTION = (
+    "sglang.srt.model_executor.model_runner_components.attention_backend_setup._build_full_attention_backend_from_str"
+)
+
+logger = logging.getLogger(__name__)
+
+CLI_HELP_SUFFIX = (
+    f" sglang-ext adds {', '.join(repr(n) for n in KV_CACHE_DTYPES)}: compressed KV (8, ~4 and ~3.5 bits per "
+    "element) read directly by the triton (GPU) and torch_native (CPU) attention backends; see docs/kv-formats.md."
+)
+
+
+def _extend_kv_cache_dtype_flag(result, parser, *args, **kwargs):
+    # argparse keeps the action objects; `_actions` is the stdlib's (stable) list of them.
+    for action in parser._actions:
+        if action.dest == "kv_cache_dtype":
+            if action.choices is not None:
+                action.choices = [*action.choices, *(n for n in KV_CACHE_DTYPES if n not in action.choices)]
+            if CLI_HELP_SUFFIX not in (action.help or ""):
+                action.help = (action.help or "") + CLI_HELP_SUFFIX
+            return None
+    raise RuntimeError("sglang-ext: SGLang's parser has no --kv-cache-dtype; this SGLang version is not supported")
+
+
+def _configure_kv_cache_dtype(original, *args, **kwargs):
+    requested = kwargs.get("server_args_kv_cache_dtype")
+    if kwargs.get("is_draft_worker") and kwargs.get("speculative_draft_kv_cache_dtype") is not None:
+        requested = kwargs["speculative_draft_kv_cache_dtype"]
+    if is_compressed_kv_dtype(requested):
+        # The pool stores the format's planes; every tensor SGLang sees from it is in the model dtype.
+        return requested, kwargs["model_dtype"]
+    return original(*args, **kwargs)
+
+
+def _check_before_configure(kvc, *args, **kwargs):
+    if is_compressed_kv_dtype(kvc.kv_cache_dtype_str):
+        from sglang_ext.kvcache.support import check_supported
+
+        fmt = check_supported(kvc)
+        logger.info(
+            "sglang-ext KV format %s: %d bytes per token per KV head (%.2f bits per element), backends %s",
+            fmt.name,
+            fmt.bytes_per_token_head,
+            fmt.bits_per_element,
+            "/".join(SUPPORTED_ATTENTION_BACKENDS),
+        )
+    return None
+
+
+def _compute_cell_size(original, self, kvc, num_layers, *args, **kwargs):
+    if not is_compressed_kv_dtype(kvc.kv_cache_dtype_str):
+        return original(self, kvc, num_layers, *args, **kwargs)
+    from sglang_ext.kvcache.support import kv_format_for
+
+    parallel = get_parallel()
+    kv_heads = kvc.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
+    fmt = kv_format_for(kvc)
+    cell_size = kv_heads * num_layers * fmt.bytes_per_token_head
+    logger.info("sglang-ext KV sizing: %s cell size %d bytes per token", fmt.name, cell_size)
+    return cell_size
+
+
+def _build_mha_kv_pool(original, self, *args, **kwargs):
+    if not is_compressed_kv_dtype(self.kv_cache_dtype_str):
+        return original(self, *args, **kwargs)
+    from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
+    from sglang_ext.kvcache.support import kv_format_for
+
+    parallel = get_parallel()
+    mc = self.model_config
+    return CompressedMHATokenToKVPool(
+        kwargs["max_total_num_tokens"],
+        page_size=self.pool_page_size,
+        dtype=self.kv_cache_dtype,
+        head_num=mc.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size),
+        head_dim=mc.head_dim,
+        v_head_dim=mc.v_head_dim,
+        layer_num=self.layer_info.num_effective_layers,
+        device=self.device,
+        enable_memory_saver=get_exec().features.enable_memory_saver,
+        start_layer=self.layer_info.start_layer,
+        end_layer=self.layer_info.end_layer,
+        enable_alt_stream=False,
+        enable_kv_cache_copy=get_spec().speculative_algorithm is not None,
+        kv_format=kv_format_for(self),
+    )
+
+
+def _build_attention_backend(original, *args, **kwargs):
+    from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
+
+    runner = kwargs["model_runner"]
+    backend = kwargs["backend_str"]
+    pool = getattr(runner, "token_to_kv_pool", None)
+    if not isinstance(pool, CompressedMHATokenToKVPool):
+        return original(*args, **kwargs)
+    runner.init_new_workspace = kwargs.get("init_new_workspace", False)
+    if backend == "torch_native":
+        from sglang_ext.kvcache.torch_backend import CompressedTorchNativeAttnBackend
+
+        return CompressedTorchNativeAttnBackend(runner)
+    if backend == "triton":
+        from sglang_ext.kvcache.triton_backend import CompressedTritonAttnBackend
+
+        return CompressedTritonAttnBackend(runner)
+    raise ValueError(
+        f"--kv-cache-dtype {pool.kv_format.name}: attention backend {backend!r} cannot read this format; "
+        f"supported: {', '.join(SUPPORTED_ATTENTION_BACKENDS)}"
+    )
+
+
+def register() -> list[str]:
+    """Register the hooks (HookRegistry applies them after all plugins ran). Returns what was registered."""
+    HookRegistry.register(_T_ADD_CLI_ARGS, _extend_kv_cache_dtype_flag, HookType.AFTER)
+    HookRegistry.register(_T_CONFIGURE_DTYPE, _configure_kv_cache_dtype, HookType.AROUND)
+    HookRegistry.register(_T_CONFIGURE_POOLS, _check_before_configure, HookType.BEFORE)
+    HookRegistry.register(_T_CELL_SIZE, _compute_cell_size, HookType.AROUND)
+    HookRegistry.register(_T_BUILD_MHA_POOL, _build_mha_kv_pool, HookType.AROUND)
+    HookRegistry.register(_T_BUILD_ATTENTION, _build_attention_backend, HookType.AROUND)
+    return [f"kv-cache-dtype {'/'.join(KV_CACHE_DTYPES)}"]

@@ -1,0 +1,81 @@
+"""Start-up checks for a compressed KV pool: every refusal names what is supported instead.
+
+Run on each model worker before memory sizing (the first moment the model config, the resolved attention
+backends and the pool family are all known), so an unsupported setup fails before any allocation.
+"""
+
+from __future__ import annotations
+
+import os
+
+# compat (sglang 0.5.23): runtime_context accessors and KVCacheConfigurator fields read here -- model_config,
+#   kv_cache_dtype_str, use_mla_backend, is_hybrid_swa, mambaish_config, server_args (the flags listed below).
+from sglang.srt.runtime_context import attention_backends, get_parallel
+
+from sglang_ext.kvcache.formats import SUPPORTED_ATTENTION_BACKENDS, resolve_kv_format, rotary_dim_of
+from sglang_ext.kvformats.base import KVFormat
+
+# (server_args attribute, value meaning "off", what the user asked for) -- features whose KV paths move or
+# read the pool's bytes in a dense-layout way this package does not implement yet.
+_UNSUPPORTED_FLAGS: tuple[tuple[str, object, str], ...] = (
+    ("enable_hierarchical_cache", False, "--enable-hierarchical-cache (HiCache host tier)"),
+    ("enable_lmcache", False, "--enable-lmcache"),
+    ("enable_hisparse", False, "--enable-hisparse"),
+    ("disaggregation_mode", "null", "--disaggregation-mode (PD disaggregation)"),
+    ("enable_page_major_kv_layout", False, "--enable-page-major-kv-layout"),
+    ("enable_unified_memory", False, "--enable-unified-memory"),
+    ("enable_kv_cache_sharding", False, "--enable-kv-cache-sharding"),
+    ("prefill_only_disable_kv_cache", False, "--prefill-only-disable-kv-cache"),
+)
+
+
+def kv_format_for(kvc) -> KVFormat:
+    """The format object for a KVCacheConfigurator whose kv_cache_dtype_str is an sglang-ext format."""
+    mc = kvc.model_config
+    head_dim = int(mc.head_dim)
+    return resolve_kv_format(
+        kvc.kv_cache_dtype_str,
+        head_dim=head_dim,
+        v_head_dim=int(mc.v_head_dim),
+        rotary_dim=rotary_dim_of(mc.hf_text_config, head_dim),
+        model=mc.model_path,
+    )
+
+
+def check_supported(kvc) -> KVFormat:
+    """Raise ValueError for any setup the compressed pool cannot serve; return the format otherwise."""
+    name = kvc.kv_cache_dtype_str
+    flag = f"--kv-cache-dtype {name}"
+    model = kvc.model_config.model_path
+    if kvc.use_mla_backend:
+        raise ValueError(
+            f"{flag} supports multi-head / grouped-query attention models only; {model} uses MLA "
+            "(use --kv-cache-dtype auto, fp8_e4m3 or fp4 for MLA models)"
+        )
+    if kvc.is_hybrid_swa or kvc.mambaish_config is not None:
+        raise ValueError(
+            f"{flag} supports models whose every layer is full attention; {model} is a hybrid "
+            "(sliding-window or linear-attention) model"
+        )
+    prefill, decode = attention_backends()
+    for phase, backend in (("prefill", prefill), ("decode", decode)):
+        if backend is not None and backend not in SUPPORTED_ATTENTION_BACKENDS:
+            raise ValueError(
+                f"{flag}: the {phase} attention backend {backend!r} cannot read this format; supported: "
+                f"{', '.join(SUPPORTED_ATTENTION_BACKENDS)} (--attention-backend triton on GPU, torch_native on CPU)"
+            )
+    server_args = kvc.server_args
+    for attr, off, what in _UNSUPPORTED_FLAGS:
+        value = getattr(server_args, attr, off)
+        if value not in (off, None):
+            raise ValueError(f"{flag} does not support {what} yet; run without it or with --kv-cache-dtype auto")
+    topk = getattr(server_args, "speculative_eagle_topk", None)
+    if getattr(server_args, "speculative_algorithm", None) and topk not in (None, 1):
+        raise ValueError(
+            f"{flag} supports speculative decoding with chain drafts only (--speculative-eagle-topk 1), got {topk}"
+        )
+    if get_parallel().attn_dcp_size > 1:
+        raise ValueError(f"{flag} does not support decode context parallelism (--dcp-size > 1) yet")
+    if os.environ.get("SGLANG_USE_HND_KVCACHE", "").lower() in ("1", "true"):
+        raise ValueError(f"{flag} needs the NHD KV layout; unset SGLANG_USE_HND_KVCACHE")
+    return kv_format_for(kvc)

@@ -1,0 +1,116 @@
+"""GPU attention over a compressed pool: SGLang's Triton backend with its kernels swapped for ours.
+
+Everything per batch (kv_indptr / kv_indices / qo_indptr, CUDA-graph buffers, split-KV sizing) is
+TritonAttnBackend's own metadata; only the per-layer calls change: the pool's store kernel writes new K/V,
+`sglang_ext.kernels.decode_attention` / `extend_attention` read the format's planes at kv_indices.
+Target verify (speculative decoding) runs through the causal extend kernel, which is exact for chain drafts
+(`--speculative-eagle-topk 1`); tree drafts need a custom mask the kernels do not take, and are refused at
+start-up by `support.check_supported`.
+Only compile-checked on this project's CPU CI; the kernels themselves are tested against the torch reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# compat (sglang 0.5.23): TritonAttnBackend attributes read here -- forward_metadata (qo_indptr, kv_indptr,
+#   kv_indices, max_extend_len, num_kv_splits), max_kv_splits, page_size, dcp_size, use_mla, enable_deterministic,
+#   token_to_kv_pool.
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
+from sglang_ext.kvcache.torch_backend import check_layer_supported, logit_cap_of
+
+
+class CompressedTritonAttnBackend(TritonAttnBackend):
+    """TritonAttnBackend for `CompressedMHATokenToKVPool`: decode, extend, mixed and chain target-verify."""
+
+    def __init__(self, model_runner, *args, **kwargs):
+        super().__init__(model_runner, *args, **kwargs)
+        pool = self.token_to_kv_pool
+        if not isinstance(pool, CompressedMHATokenToKVPool):
+            raise TypeError(f"{type(self).__name__} needs a CompressedMHATokenToKVPool, got {type(pool).__name__}")
+        if self.dcp_size > 1 or self.use_mla or self.enable_deterministic:
+            raise ValueError(
+                f"--kv-cache-dtype {pool.kv_format.name} on triton supports MHA/GQA without decode context "
+                "parallelism or deterministic inference"
+            )
+        self.kv_pool = pool
+        self.kv_format = pool.kv_format
+        self._checked_layers: set[int] = set()
+
+    def _check(self, layer, sinks, score_mod, aux_tensors) -> None:
+        if sinks is not None or score_mod is not None or aux_tensors is not None:
+            raise NotImplementedError(
+                f"--kv-cache-dtype {self.kv_format.name}: attention sinks / score_mod are not supported"
+            )
+        if layer.layer_id not in self._checked_layers:
+            check_layer_supported(layer, self.kv_format.name, "triton")
+            self._checked_layers.add(layer.layer_id)
+
+    def _store(self, layer, forward_batch, k, v) -> None:
+        self.kv_pool.set_kv_buffer(layer, KVWriteLoc.for_batch(forward_batch), k, v)
+
+    def forward_extend(
+        self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None, aux_tensors=None
+    ):
+        from sglang_ext.kernels import extend_attention
+
+        self._check(layer, sinks, score_mod, aux_tensors)
+        if k is None or v is None:
+            raise NotImplementedError(f"--kv-cache-dtype {self.kv_format.name}: extend without fresh K/V")
+        k3 = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim).contiguous()
+        v3 = v.view(-1, layer.tp_v_head_num, layer.v_head_dim).contiguous()
+        if save_kv_cache:
+            self._store(layer, forward_batch, k3, v3)
+        o = torch.empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
+        md = self.forward_metadata
+        extend_attention(
+            self.kv_format,
+            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
+            k3,
+            v3,
+            o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
+            self.kv_pool.layer_planes(layer.layer_id),
+            md.qo_indptr,
+            md.kv_indptr,
+            md.kv_indices,
+            md.max_extend_len,
+            layer.scaling,
+            is_causal=True,
+            page_size=self.page_size,
+            logit_cap=logit_cap_of(layer),
+        )
+        return o
+
+    def forward_decode(
+        self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None, aux_tensors=None
+    ):
+        from sglang_ext.kernels import decode_attention
+
+        self._check(layer, sinks, score_mod, aux_tensors)
+        q = q.reshape(-1, layer.tp_q_head_num * layer.qk_head_dim)
+        if save_kv_cache:
+            self._store(
+                layer,
+                forward_batch,
+                k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
+                v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
+            )
+        o = torch.empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
+        md = self.forward_metadata
+        decode_attention(
+            self.kv_format,
+            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
+            self.kv_pool.layer_planes(layer.layer_id),
+            o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
+            md.kv_indptr,
+            md.kv_indices,
+            layer.scaling,
+            num_kv_splits=md.num_kv_splits,
+            max_kv_splits=self.max_kv_splits,
+            page_size=self.page_size,
+            logit_cap=logit_cap_of(layer),
+        )
+        return o
