@@ -1,5 +1,5 @@
 """PP=3 on the built-in SmolLM2 (30 layers) through stock `python -m sglang.launch_server` on the CPU platform:
-greedy output equals PP=1's, with `--pp-layer-partition auto` and with an uneven explicit split.
+greedy output equals PP=1's, with `--pp-layer-partition auto`, with an uneven explicit split, and over an int8 KV pool.
 
 Needs the sglang_ext plugin to call `sglang_ext.pp.server_args.register()` and
 `sglang_ext.pp.tied_lm_head.register()` (SmolLM2 ties its embeddings; see docs/pipeline-parallel.md).
@@ -40,6 +40,22 @@ def test_pp3_greedy_equals_pp1(server_pool, pp1_output, partition, expected):
     assert server.server_info().get("pp_size") == 3
     got = _greedy(server)
     for prompt, a, b in zip(PROMPTS, got, pp1_output):
+        first_diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        assert len(a) == len(b) == NEW_TOKENS and first_diff is None, (
+            f"{prompt!r}: first difference at token {first_diff}: pp3 {a} vs pp1 {b}"
+        )
+
+
+def test_pp3_greedy_equals_pp1_with_compressed_kv(server_pool):
+    # Same comparison over an int8 KV pool: each PP rank holds its own layers' compressed planes. Prefill runs
+    # in one chunk in both servers, so PP=1 and PP=3 read back exactly the same quantized K/V.
+    kv = ("--kv-cache-dtype", "int8")
+    pp1 = _greedy(server_pool.get(*BASE_ARGS, *kv, name="pp1-int8"))
+    args = (*BASE_ARGS, *kv, "--pp-size", "3", "--pp-layer-partition", "auto")
+    server = server_pool.get(*args, env=PP3_ENV, name="pp3-auto-int8")
+    assert server.server_info().get("pp_size") == 3
+    got = _greedy(server)
+    for prompt, a, b in zip(PROMPTS, got, pp1):
         first_diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
         assert len(a) == len(b) == NEW_TOKENS and first_diff is None, (
             f"{prompt!r}: first difference at token {first_diff}: pp3 {a} vs pp1 {b}"
