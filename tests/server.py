@@ -49,7 +49,19 @@ class ServerProcess:
         return [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_path,
                 "--host", HOST, "--port", str(self.port), *self.args]
 
-    def start(self) -> "ServerProcess":
+    def start(self, attempts: int = 3) -> "ServerProcess":
+        """Start and wait for health. The port is picked free but only bound later by the server, so another
+        process can take it first; uvicorn then logs a bind error and hangs instead of exiting. That case is
+        retried on a new port."""
+        for attempt in range(attempts):
+            if attempt:
+                self.port = free_port()
+                self.url = f"http://{HOST}:{self.port}"
+            if self._start_once():
+                return self
+        raise RuntimeError(f"{self.name}: port taken {attempts} times in a row:\n{self.log_tail()}")
+
+    def _start_once(self) -> bool:
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env,
@@ -58,10 +70,13 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode} during start-up:\n{self.log_tail()}")
+            if "address already in use" in self.log_text():
+                self.stop()
+                return False
             try:
                 if requests.get(f"{self.url}/health_generate", timeout=30).status_code == 200:
                     self.startup_seconds = time.monotonic() - t0
-                    return self
+                    return True
             except requests.RequestException:
                 pass
             time.sleep(1.0)
