@@ -43,6 +43,38 @@ LLAMA_EMBED_WEIGHT_NAME = "model.embed_tokens.weight"
 HOOK_SERVER_ARGS_RESOLVE = "sglang.srt.server_args.ServerArgs.resolve_once"
 
 
+# SSD-resident PLE tables (ple/sglang_glue.py) ------------------------------------------------------------------
+# The flag: `ple_offload_backend` is `Annotated[str, Arg(choices=["pinned", "file"])]` on the namespace class
+# ExecOffload and, as a separate copy of the Arg, on ServerArgs; the CLI parser reads ServerArgs' `Arg.choices`
+# when it is built, which is after plugins load. (module, class) pairs:
+PLE_FLAG_RECORDS = (("sglang.srt.arg_groups.fields.exec_", "ExecOffload"), ("sglang.srt.server_args", "ServerArgs"))
+PLE_BACKEND_FIELD = "ple_offload_backend"
+# Resolved server settings inside the scheduler: get_exec().offload.ple_offload_backend, get_model().model_path.
+RUNTIME_CONTEXT_MODULE = "sglang.srt.runtime_context"
+# qwen4_exp: Qwen4ExpNGramEmbedding.__init__ builds `Qwen4ExpPinnedHostEmbedding(embedding, backend=, table_dir=)`
+# (module-global lookup) and load_weights checks `isinstance(emb, Qwen4ExpPinnedHostEmbedding)`; the class copies
+# the attributes named in its `_COPIED_ATTRIBUTES` from the source embedding.
+QWEN4_MODULE = "sglang.srt.models.qwen4_exp"
+QWEN4_HOST_EMBEDDING = "Qwen4ExpPinnedHostEmbedding"
+QWEN4_TOP_MODEL = "Qwen4ExpForConditionalGeneration"
+QWEN4_COPIED_ATTRS = "_COPIED_ATTRIBUTES"
+QWEN4_SHARD_MARK = ".ngram_embedding.shard_"  # checkpoint tensors `<prefix>.ngram_embedding.shard_<i>.weight`
+QWEN4_DEFAULT_SPLIT_PARTS = 512  # load_weights: getattr(text_config, "split_ngram_parts", 512)
+# Gemma 3n: Gemma3nTextModel.embed_tokens_per_layer (nn.Embedding subclass with .embed_scale), loaded by name.
+GEMMA3N_MODULE = "sglang.srt.models.gemma3n_causal"
+GEMMA3N_TEXT_MODEL = "Gemma3nTextModel"
+GEMMA3N_PLE_ATTR = "embed_tokens_per_layer"
+# On device "cpu", ModelRunner pads `intermediate_size` with `attr % padding`; Gemma 3n's is a per-layer list,
+# which raises TypeError. Hooked (AROUND) so list values are padded element-wise.
+HOOK_UPDATE_INTERMEDIATE_SIZE = "sglang.srt.configs.update_config.update_intermediate_size"
+# torch_native attention (what SGLang picks on device "cpu") allocates its output with `empty_like(q)`; Gemma 3n
+# passes q as [tokens, heads, head_dim], so the output comes back 3-D and o_proj fails. Its forward_extend and
+# forward_decode are hooked (AROUND) to flatten q to 2-D first (the backend views it as [-1, heads, head_dim]).
+TORCH_NATIVE_ATTN_BACKEND = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
+# Checkpoint name prefixes SGLang's loaders rewrite before matching parameters: (old, new).
+CKPT_NAME_RENAMES = (("model.language_model.", "model."),)
+
+
 def set_hicache_host_memory_reserve(nbytes: int) -> None:
     """SGLang keeps 10 GiB of host RAM out of reach of the HiCache host pool (a module constant read at each
     sizing call, `pool_host/base.py`). Sized for GPU servers; the CPU platform lowers it."""

@@ -18,3 +18,13 @@ CPU_KV_BUDGET_GB = "SGLANG_EXT_CPU_KV_BUDGET_GB"
 
 # SGLang's per-rank CPU binding; the CPU platform fills it for multi-rank (TP/PP) servers when unset.
 CPU_THREADS_BIND = "SGLANG_CPU_OMP_THREADS_BIND"
+
+# SSD-resident PLE tables (`--ple-offload-backend ssd`, ple/sglang_glue.py), read in the scheduler process:
+# row reader, `pread` (default; the file is never mapped) or `mmap` (mapped, RSS trimmed);
+PLE_READER = "SGLANG_EXT_PLE_READER"
+# reader threads per table (default 8);
+PLE_THREADS = "SGLANG_EXT_PLE_THREADS"
+# hot-row cache per table in MiB (default 0: none);
+PLE_CACHE_MB = "SGLANG_EXT_PLE_CACHE_MB"
+# unique rows per staging chunk (default 131072: one 8k-token prefill at 16 rows per token).
+PLE_STAGING_ROWS = "SGLANG_EXT_PLE_STAGING_ROWS"

@@ -10,7 +10,8 @@
 How it hooks in: `register()` runs in every SGLang process (the sglang-ext general plugin calls it). It adds
 `ssd` to the flag's choices, and patches each model module right after it is first imported (an import hook:
 processes that never build the model never import it, and the model module is heavy). Every SGLang private
-name used is in the compat block below. Store tuning comes from environment variables (`ENV_*`).
+name used is declared in `sglang_ext/compat.py`; store tuning comes from the environment variables
+declared in `sglang_ext/env.py` (`PLE_*`).
 """
 
 from __future__ import annotations
@@ -27,48 +28,12 @@ from typing import Callable
 import torch
 from torch import nn
 
+from sglang_ext import compat, env
 from sglang_ext.ple.layout import PleTableError, TableLayout, TensorEntry, index_safetensors_dir
 from sglang_ext.ple.qwen4_table import qwen4_table_layout
 from sglang_ext.ple.store import PleStoreConfig, PleTableStore
 
-# compat (sglang 0.5.23) ---------------------------------------------------------------------------------------
-# The flag: `ple_offload_backend` is `Annotated[str, Arg(choices=["pinned", "file"])]` on the namespace class
-# ExecOffload and, as a separate copy of the Arg, on ServerArgs; the CLI parser reads ServerArgs' `Arg.choices`
-# when it is built, which is after plugins load.
-SGL_FLAG_RECORDS = (("sglang.srt.arg_groups.fields.exec_", "ExecOffload"), ("sglang.srt.server_args", "ServerArgs"))
-SGL_PLE_BACKEND_FIELD = "ple_offload_backend"
-# Resolved server settings inside the scheduler: get_exec().offload.ple_offload_backend, get_model().model_path.
-SGL_RUNTIME_CONTEXT_MODULE = "sglang.srt.runtime_context"
-# qwen4_exp: Qwen4ExpNGramEmbedding.__init__ builds `Qwen4ExpPinnedHostEmbedding(embedding, backend=, table_dir=)`
-# (module-global lookup) and load_weights checks `isinstance(emb, Qwen4ExpPinnedHostEmbedding)`.
-SGL_QWEN4_MODULE = "sglang.srt.models.qwen4_exp"
-SGL_QWEN4_HOST_EMBEDDING = "Qwen4ExpPinnedHostEmbedding"
-SGL_QWEN4_NGRAM_EMBEDDING = "Qwen4ExpNGramEmbedding"
-SGL_QWEN4_TOP_MODEL = "Qwen4ExpForConditionalGeneration"
-SGL_QWEN4_COPIED_ATTRS = "_COPIED_ATTRIBUTES"
-SGL_QWEN4_SHARD_MARK = ".ngram_embedding.shard_"
-SGL_QWEN4_DEFAULT_SPLIT_PARTS = 512  # load_weights: getattr(text_config, "split_ngram_parts", 512)
-# Gemma 3n: Gemma3nTextModel.embed_tokens_per_layer (nn.Embedding subclass with .embed_scale), loaded by name.
-SGL_GEMMA3N_MODULE = "sglang.srt.models.gemma3n_causal"
-SGL_GEMMA3N_TEXT_MODEL = "Gemma3nTextModel"
-SGL_GEMMA3N_PLE_ATTR = "embed_tokens_per_layer"
-# On device "cpu", ModelRunner pads `intermediate_size` with `attr % padding`; Gemma 3n's is a per-layer list,
-# which raises TypeError. Wrapped so list values are padded element-wise.
-SGL_UPDATE_INTERMEDIATE_SIZE = "sglang.srt.configs.update_config.update_intermediate_size"
-SGL_HOOK_REGISTRY = "sglang.srt.plugins.hook_registry"
-# torch_native attention (what SGLang picks on device "cpu") allocates its output with `empty_like(q)`; Gemma 3n
-# passes q as [tokens, heads, head_dim], so the output comes back 3-D and o_proj fails. q is flattened to 2-D first
-# (the backend views it as [-1, heads, head_dim] internally either way).
-SGL_TORCH_NATIVE_ATTN = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
-# Checkpoint names SGLang's loaders rewrite before matching parameters.
-SGL_CKPT_RENAMES = (("model.language_model.", "model."),)
-# ---------------------------------------------------------------------------------------------------------------
-
 BACKEND = "ssd"
-ENV_READER = "SGLANG_EXT_PLE_READER"  # pread (default) | mmap
-ENV_THREADS = "SGLANG_EXT_PLE_THREADS"  # reader threads, default 8
-ENV_CACHE_MB = "SGLANG_EXT_PLE_CACHE_MB"  # hot-row cache per table, default 0
-ENV_STAGING_ROWS = "SGLANG_EXT_PLE_STAGING_ROWS"  # unique rows per staging chunk, default 131072
 
 logger = logging.getLogger(__name__)
 _registered = False
@@ -81,21 +46,22 @@ def register() -> list[str]:
         return []
     _registered = True
     _add_backend_choice()
-    _after_import(SGL_QWEN4_MODULE, _patch_qwen4)
-    _after_import(SGL_GEMMA3N_MODULE, _patch_gemma3n)
-    hooks = __import__(SGL_HOOK_REGISTRY, fromlist=["HookRegistry", "HookType"])
-    hooks.HookRegistry.register(SGL_UPDATE_INTERMEDIATE_SIZE, _pad_list_intermediate_size, hooks.HookType.AROUND)
+    _after_import(compat.QWEN4_MODULE, _patch_qwen4)
+    _after_import(compat.GEMMA3N_MODULE, _patch_gemma3n)
+    compat.HookRegistry.register(compat.HOOK_UPDATE_INTERMEDIATE_SIZE, _pad_list_intermediate_size,
+                                 compat.HookType.AROUND)
     for method in ("forward_extend", "forward_decode"):
-        hooks.HookRegistry.register(f"{SGL_TORCH_NATIVE_ATTN}.{method}", _flat_q, hooks.HookType.AROUND)
+        compat.HookRegistry.register(f"{compat.TORCH_NATIVE_ATTN_BACKEND}.{method}", _flat_q,
+                                     compat.HookType.AROUND)
     return [f"--ple-offload-backend {BACKEND} (qwen4_exp, gemma3n)", "gemma3n on the cpu platform"]
 
 
 def store_config(device: torch.device | str) -> PleStoreConfig:
     return PleStoreConfig(
-        reader=os.environ.get(ENV_READER, "pread"),
-        threads=int(os.environ.get(ENV_THREADS, "8")),
-        cache_bytes=int(float(os.environ.get(ENV_CACHE_MB, "0")) * (1 << 20)),
-        staging_rows=int(os.environ.get(ENV_STAGING_ROWS, "131072")),
+        reader=os.environ.get(env.PLE_READER, "pread"),
+        threads=int(os.environ.get(env.PLE_THREADS, "8")),
+        cache_bytes=int(float(os.environ.get(env.PLE_CACHE_MB, "0")) * (1 << 20)),
+        staging_rows=int(os.environ.get(env.PLE_STAGING_ROWS, "131072")),
         device=str(torch.device(device).type),
     )
 
@@ -104,22 +70,22 @@ def store_config(device: torch.device | str) -> PleStoreConfig:
 
 
 def _add_backend_choice() -> None:
-    for module_name, class_name in SGL_FLAG_RECORDS:
+    for module_name, class_name in compat.PLE_FLAG_RECORDS:
         record = getattr(__import__(module_name, fromlist=[class_name]), class_name)
-        hint = typing.get_type_hints(record, include_extras=True)[SGL_PLE_BACKEND_FIELD]
+        hint = typing.get_type_hints(record, include_extras=True)[compat.PLE_BACKEND_FIELD]
         (arg,) = [m for m in hint.__metadata__ if getattr(m, "choices", None)]
         if BACKEND not in arg.choices:
             arg.choices.append(BACKEND)  # Arg is a frozen struct, its list is not
 
 
 def selected_backend() -> str | None:
-    ctx = __import__(SGL_RUNTIME_CONTEXT_MODULE, fromlist=["get_exec"])
+    ctx = __import__(compat.RUNTIME_CONTEXT_MODULE, fromlist=["get_exec"])
     return ctx.get_exec().offload.ple_offload_backend
 
 
 def checkpoint_entries() -> dict[str, TensorEntry]:
     """Every tensor of the served checkpoint (headers only), under the names SGLang's loaders match."""
-    ctx = __import__(SGL_RUNTIME_CONTEXT_MODULE, fromlist=["get_model"])
+    ctx = __import__(compat.RUNTIME_CONTEXT_MODULE, fromlist=["get_model"])
     path = ctx.get_model().model_path
     if not os.path.isdir(path):
         from huggingface_hub import snapshot_download
@@ -129,7 +95,7 @@ def checkpoint_entries() -> dict[str, TensorEntry]:
 
 
 def _rename(name: str) -> str:
-    for old, new in SGL_CKPT_RENAMES:
+    for old, new in compat.CKPT_NAME_RENAMES:
         name = name.replace(old, new)
     return name
 
@@ -209,7 +175,7 @@ class SsdScaledEmbedding(nn.Module):
 
 def open_gemma3n_table(entries: dict[str, TensorEntry], prefix: str, num_rows: int, dim: int,
                        device: torch.device | str) -> PleTableStore:
-    name = f"{prefix}.{SGL_GEMMA3N_PLE_ATTR}.weight" if prefix else f"{SGL_GEMMA3N_PLE_ATTR}.weight"
+    name = f"{prefix}.{compat.GEMMA3N_PLE_ATTR}.weight" if prefix else f"{compat.GEMMA3N_PLE_ATTR}.weight"
     if name not in entries:
         raise PleTableError(f"--ple-offload-backend {BACKEND}: tensor {name} not in the checkpoint")
     layout = TableLayout.from_entries([entries[name]], expected_rows=num_rows, expected_dim=dim)
@@ -217,18 +183,18 @@ def open_gemma3n_table(entries: dict[str, TensorEntry], prefix: str, num_rows: i
 
 
 def _patch_gemma3n(module) -> None:
-    cls = getattr(module, SGL_GEMMA3N_TEXT_MODEL)
+    cls = getattr(module, compat.GEMMA3N_TEXT_MODEL)
     original_init = cls.__init__
 
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         original_init(self, config, quant_config=quant_config, prefix=prefix)
         if selected_backend() != BACKEND:
             return
-        old = getattr(self, SGL_GEMMA3N_PLE_ATTR)
+        old = getattr(self, compat.GEMMA3N_PLE_ATTR)
         store = open_gemma3n_table(checkpoint_entries(), "model", old.num_embeddings, old.embedding_dim,
                                    old.weight.device)
         # The old table was torch.empty and never written: dropping it frees nothing that was resident.
-        setattr(self, SGL_GEMMA3N_PLE_ATTR, SsdScaledEmbedding(store, old.embed_scale, old.weight.dtype))
+        setattr(self, compat.GEMMA3N_PLE_ATTR, SsdScaledEmbedding(store, old.embed_scale, old.weight.dtype))
         logger.info("PLE: Gemma 3n per-layer embeddings (%d x %d %s) served from %s", store.num_rows, store.dim,
                     store.dtype, store.layout.segments[0].path)
 
@@ -239,11 +205,11 @@ def _patch_gemma3n(module) -> None:
 
 
 def _patch_qwen4(module) -> None:
-    host_cls = getattr(module, SGL_QWEN4_HOST_EMBEDDING)
+    host_cls = getattr(module, compat.QWEN4_HOST_EMBEDDING)
     ssd_cls = type("SsdNgramEmbedding", (host_cls,), {"__init__": _ssd_ngram_init, "gather": _ssd_ngram_gather,
                                                       "__module__": __name__})
-    setattr(module, SGL_QWEN4_HOST_EMBEDDING, ssd_cls)
-    top = getattr(module, SGL_QWEN4_TOP_MODEL)
+    setattr(module, compat.QWEN4_HOST_EMBEDDING, ssd_cls)
+    top = getattr(module, compat.QWEN4_TOP_MODEL)
     original_load = top.load_weights
 
     def load_weights(self, weights):
@@ -256,7 +222,7 @@ def _patch_qwen4(module) -> None:
         def skip_ssd_shards(stream):
             for name, tensor in stream:  # tensors are lazy mmaps: skipping one reads nothing
                 renamed = _rename(name)
-                if SGL_QWEN4_SHARD_MARK in renamed and renamed[: renamed.index(SGL_QWEN4_SHARD_MARK)] in ssd:
+                if compat.QWEN4_SHARD_MARK in renamed and renamed[: renamed.index(compat.QWEN4_SHARD_MARK)] in ssd:
                     continue
                 yield name, tensor
 
@@ -272,7 +238,7 @@ def _ssd_ngram_init(self, embedding, *, backend: str = "pinned", table_dir=None)
         base.__init__(self, embedding, backend=backend, table_dir=table_dir)
         return
     nn.Module.__init__(self)
-    for name in getattr(base, SGL_QWEN4_COPIED_ATTRS):
+    for name in getattr(base, compat.QWEN4_COPIED_ATTRS):
         setattr(self, name, getattr(embedding, name))
     if self.tp_size != 1:
         raise NotImplementedError(f"--ple-offload-backend {BACKEND} serves the whole table per rank; tp_size "
@@ -304,7 +270,7 @@ def _open_qwen4_tables(model, ssd_modules: dict) -> None:
     """Open one store per PLE layer, checking shape and dtype against the model before any weight loads."""
     entries = checkpoint_entries()
     text_config = getattr(model.config, "text_config", model.config)
-    split_parts = int(getattr(text_config, "split_ngram_parts", SGL_QWEN4_DEFAULT_SPLIT_PARTS))
+    split_parts = int(getattr(text_config, "split_ngram_parts", compat.QWEN4_DEFAULT_SPLIT_PARTS))
     for prefix, ngram in ssd_modules.items():
         emb = ngram.ngram_embedding
         layout = qwen4_table_layout(entries, prefix, padded_rows=emb.org_vocab_size, split_parts=split_parts,
