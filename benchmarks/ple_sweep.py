@@ -45,15 +45,17 @@ def main() -> None:
     args = p.parse_args()
     print(f"load average before: {os.getloadavg()}")
     print("| reader | threads | decode cold p50/p99 ms | decode warm p50/p99 ms | prefill cold p50 ms "
-          "| prefill warm p50/p99 ms | peak RSS growth MiB |")
-    print("|---|---|---|---|---|---|---|")
+          "| prefill warm p50/p99 ms | peak RSS growth MiB | load (1 min, before-after) |")
+    print("|---|---|---|---|---|---|---|---|")
     for reader in args.readers:
         for t in args.threads:
+            load0 = os.getloadavg()[0]
             r = run(args, reader, t)
             dc, dw, pc, pw = (r[("decode", "cold")], r[("decode", "warm")], r[("prefill", "cold")],
                               r[("prefill", "warm")])
             print(f"| {reader} | {t} | {dc[0]:.1f} / {dc[1]:.1f} | {dw[0]:.2f} / {dw[1]:.2f} | {pc[0]:.0f} "
-                  f"| {pw[0]:.0f} / {pw[1]:.0f} | {r['rss_growth']} |", flush=True)
+                  f"| {pw[0]:.0f} / {pw[1]:.0f} | {r['rss_growth']} | {load0:.1f}-{os.getloadavg()[0]:.1f} |",
+                  flush=True)
     print(f"load average after: {os.getloadavg()}")
 
 
