@@ -70,13 +70,14 @@ def _variants():
                 q_ptr=p32, ke_ptr=p32, ve_ptr=p32, out_ptr=p32, **common, qo_indptr=pi32, kv_indptr=pi32,
                 kv_indices=pi32, sm_scale=f32, stride_q_t=i32, stride_q_h=i32, stride_ke_t=i32, stride_ke_h=i32,
                 stride_ve_t=i32, stride_ve_h=i32, stride_o_t=i32, stride_o_h=i32, **strides,
-                FMT=C(fmt), GROUP=C(8), BLOCK_G=C(8), BLOCK_M=C(extend.ROWS_PER_PROGRAM[d] // 8), BLOCK_N=C(extend.BLOCK_N[d]),
-                K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), IS_CAUSAL=C(True), LOGIT_CAP=C(0.0), DOT_BF16=C(True),
-                LUT=C(ptx)), {"num_warps": 8}))
+                FMT=C(fmt), GROUP=C(8), BLOCK_G=C(8), BLOCK_M=C(extend.ROWS_PER_PROGRAM[d] // 8),
+                BLOCK_N=C(extend.BLOCK_N[d]), K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), IS_CAUSAL=C(True),
+                LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx)), {"num_warps": 8}))
             out.append((f"dequant {tag}", dequant._dequant_kernel, {
                 "codes": codes, "scales": scales, "loc_ptr": pi32, "out_ptr": p32, "num_tokens": i32,
                 "stride_c_slot": i32, "stride_c_head": i32, "stride_s_slot": i32, "stride_s_head": i32, "stride_o_n": i32,
-                "stride_o_h": i32, "FMT": C(fmt), "N4": C(kn4), "NB": C(d // 64), "BLOCK_N": C(16), "LUT": C(decode.LUT_SELECT)}, {}))
+                "stride_o_h": i32, "FMT": C(fmt), "N4": C(kn4), "NB": C(d // 64), "BLOCK_N": C(16),
+                "LUT": C(decode.LUT_SELECT)}, {}))
     out.append(("decode_stage2 d256", decode._decode_stage2, {
         "mid_o": p32, "mid_lse": p32, "out_ptr": pb16, "kv_indptr": pi32, "num_kv_splits": pi32, "stride_mo_b": i32,
         "stride_mo_h": i32, "stride_mo_s": i32, "stride_ml_b": i32, "stride_ml_h": i32, "stride_o_b": i32, "stride_o_h": i32,
