@@ -148,6 +148,8 @@ def level_decode(x: torch.Tensor, dot_bf16: bool, requested: int | None) -> int:
     """Octave level decode mode (tiles.octave_levels): the PTX lookup when the dots take bf16 operands on an
     NVIDIA GPU (not under the interpreter, not on AMD), else the select tree; `requested` overrides."""
     if requested is not None:
+        assert requested in (LUT_SELECT, LUT_PTX), requested
+        assert requested != LUT_PTX or dot_bf16, "the PTX level lookup yields bf16 values: needs bf16 dot operands"
         return requested
     return LUT_PTX if dot_bf16 and x.is_cuda and torch.version.hip is None else LUT_SELECT
 
