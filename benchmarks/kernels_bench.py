@@ -270,6 +270,9 @@ def main():
     ap.add_argument("--baseline-only", action="store_true", help="copy bandwidth + SGLang bf16 only")
     ap.add_argument("--rep-ms", type=int, default=60)
     ap.add_argument("--head-dims", default="128,256")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+    ap.add_argument("--no-sweep", action="store_true", help="skip the launcher sweep at batch 8 x 32k")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -288,7 +291,10 @@ def main():
            "triton": triton.__version__, "dtype": str(dtype), "checks": [], "store": [], "decode": [], "sweep": [],
            "extend": [],
            "skipped": [], "errors": []}
-    batches, contexts = (BATCHES, CONTEXTS) if not args.quick else ((1, 3), (64, 200))
+    batches = tuple(int(x) for x in args.batches.split(","))
+    contexts = tuple(int(x) for x in args.contexts.split(","))
+    if args.quick:
+        batches, contexts = (1, 3), (64, 200)
     prefix, new = (EXTEND_PREFIX, EXTEND_NEW) if not args.quick else (150, 40)
     res["copy"] = copy_bandwidth(timer, device, (4 << 30) if gpu else (64 << 20))
     log(f"copy: {res['copy']['TBps']:.3f} TB/s (read+written over time)")
@@ -327,7 +333,7 @@ def main():
                            else f.allocate(max_slots, hkv, device)) for f in fmts}
         res["store"] += fill_pools(fmts, kernels, kb, vb, planes, max_slots, dtype, device, gpu, log)
         res["decode"] += bench_decode(cfg, fmts, kernels, kb, vb, planes, combos, timer, dtype, device, log)
-        if gpu:
+        if gpu and not args.no_sweep:
             res["sweep"] += bench_sweep(cfg, [f for f in fmts if f.name != "bf16"], kernels, planes, timer, dtype,
                                         device, log)
         res["extend"] += bench_extend(cfg, fmts, kernels, kb, vb, planes, timer, dtype, device, prefix, new, log)

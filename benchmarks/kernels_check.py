@@ -3,7 +3,8 @@
 Each check poisons the output with NaN, runs one kernel on seeded random data (K with a few outlier
 channels, ragged lengths, shuffled slots) and compares with a float32 torch reference:
 
-* ``store``: our store kernel's planes vs the format's torch quantizer (``fmt.quantize``), bit for bit.
+* ``store``: our store kernel's planes vs the format's torch quantizer (``fmt.quantize``) run on the CPU, bit
+  for bit.
 * ``decode`` / ``extend``: relative error ||out - ref|| / ||ref|| against two references:
   ``spec`` = attention over the format's own dequantized K/V (``fmt.dequantize``): the kernel's error;
   ``exact`` = attention over the unquantized K/V: the format's (lossy) error plus the kernel's.
@@ -89,7 +90,8 @@ def check_format(fmt, kernels, shape, dtype, device, lens=(1, 77, 1000, 2100), e
         p.fill_(0x5A if not p.is_floating_point() else float("nan"))
     _enter(res, "store")
     kernels.store_kv(fmt, planes, indices, k, v)
-    want = fmt.quantize(k, v)
+    # the spec is the CPU quantizer: torch's CUDA division by a Python scalar is a multiply by the reciprocal
+    want = {name: t.to(device) for name, t in fmt.quantize(k.cpu(), v.cpu()).items()}
     mism = {name: int((planes[name][indices] != want[name]).sum()) for name in want}
     res["store_mismatched_elements"] = mism
     res["store_max_diff"] = {name: _max_diff(planes[name][indices], want[name]) for name in want}

@@ -27,6 +27,15 @@ from .tiles import accumulate, load_q_blocks, scores, store_blocks
 
 MIN_BLOCK_KV = 32
 DEFAULT_MAX_KV_SPLITS = 16
+LUT_SELECT, LUT_PTX = 0, 1  # octave level decode (tiles.octave_levels)
+# tokens per loop iteration by (format kind, head_dim), measured on an H200 at batch 8 x 32k (benchmarks/
+# kernels_variants.py; docs/benchmarks/kernels.md)
+DEFAULT_BLOCK_N = {(tables.FMT_BF16, 128): 64, (tables.FMT_BF16, 256): 64, (tables.FMT_INT8, 128): 128,
+                   (tables.FMT_INT8, 256): 64, (tables.FMT_OCTAVE, 128): 128, (tables.FMT_OCTAVE, 256): 128}
+
+
+def default_block_n(kind: int, head_dim: int) -> int:
+    return DEFAULT_BLOCK_N.get((kind, head_dim), 64)
 
 
 @triton.jit
@@ -42,7 +51,7 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
                    stride_q_b, stride_q_h, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
                    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                    MIN_BLOCK: tl.constexpr, K_N4: tl.constexpr, V_N4: tl.constexpr, NB: tl.constexpr,
-                   LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr):
+                   LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr, LUT: tl.constexpr):
     batch = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -56,7 +65,8 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
     s0 = per_split * split
     s1 = tl.minimum(s0 + per_split, seq_len)
     if s1 > s0:
-        q0, q1, q2, q3 = load_q_blocks(q_ptr, batch * stride_q_b + heads.to(tl.int64) * stride_q_h, mask_h, NB)
+        q0, q1, q2, q3 = load_q_blocks(q_ptr, batch * stride_q_b + heads.to(tl.int64) * stride_q_h, mask_h, NB,
+                                      DOT_BF16)
         e_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
         e_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc0 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
@@ -69,7 +79,7 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
             slot = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
             qk = scores(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
                         slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_H, BLOCK_N,
-                        DOT_BF16)
+                        DOT_BF16, LUT)
             qk = qk * sm_scale
             if LOGIT_CAP > 0:
                 qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
@@ -85,7 +95,7 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
             acc3 = acc3 * rescale[:, None]
             acc0, acc1, acc2, acc3 = accumulate(
                 FMT, p, acc0, acc1, acc2, acc3, v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
-                slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16)
+                slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT)
         store_blocks(mid_o, batch * stride_mo_b + heads.to(tl.int64) * stride_mo_h + split * stride_mo_s, mask_h,
                      acc0, acc1, acc2, acc3, 1.0 / e_sum, NB)
         tl.store(mid_lse + batch * stride_ml_b + heads * stride_ml_h + split, e_max + tl.log(e_sum), mask=mask_h)
@@ -134,6 +144,16 @@ def attention_planes(fmt: KVFormat, planes: dict[str, torch.Tensor]):
     return planes["k_codes"], planes["k_scales"], planes["v_codes"], planes["v_scales"]
 
 
+def level_decode(x: torch.Tensor, dot_bf16: bool, requested: int | None) -> int:
+    """Octave level decode mode (tiles.octave_levels): the PTX lookup when the dots take bf16 operands on an
+    NVIDIA GPU (not under the interpreter, not on AMD), else the select tree; `requested` overrides."""
+    if requested is not None:
+        assert requested in (LUT_SELECT, LUT_PTX), requested
+        assert requested != LUT_PTX or dot_bf16, "the PTX level lookup yields bf16 values: needs bf16 dot operands"
+        return requested
+    return LUT_PTX if dot_bf16 and x.is_cuda and torch.version.hip is None else LUT_SELECT
+
+
 def layout(fmt: KVFormat) -> tuple[int, int, int]:
     """(kind, K leading 4-bit blocks, V leading 4-bit blocks)."""
     kind = tables.format_kind(fmt)
@@ -145,12 +165,15 @@ def layout(fmt: KVFormat) -> tuple[int, int, int]:
 def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Tensor], o: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float,
                      num_kv_splits: torch.Tensor | None = None, max_kv_splits: int = DEFAULT_MAX_KV_SPLITS,
-                     page_size: int = 1, logit_cap: float = 0.0, block_n: int = 64,
-                     dot_bf16: bool | None = None, num_warps: int = 4) -> torch.Tensor:
+                     page_size: int = 1, logit_cap: float = 0.0, block_n: int | None = None,
+                     dot_bf16: bool | None = None, num_warps: int = 4, num_stages: int | None = None,
+                     lut: int | None = None) -> torch.Tensor:
     """q [B, Hq, D] (float), o [B, Hq, D] (written, every element); kv_indptr [>= B+1], kv_indices int32/int64.
     num_kv_splits: int32 [B] splits per request (each <= max_kv_splits); None = max_kv_splits for all.
     dot_bf16: feed the tensor-core dots bf16 operands (q, tile values, probabilities; scales stay float32);
-    None = on a GPU, not under the CPU interpreter (where float32 keeps tests exact). Returns o."""
+    None = on a GPU, not under the CPU interpreter (where float32 keeps tests exact). block_n: tokens per loop
+    iteration (None: default_block_n); num_stages: Triton's pipelining depth (None: its default);
+    lut: octave level decode (LUT_SELECT / LUT_PTX; None: level_decode's choice). Returns o."""
     check_planes(fmt, planes)
     batch, hq, d = q.shape
     h_kv = next(iter(planes.values())).shape[1]
@@ -169,6 +192,10 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
         num_kv_splits = torch.full((batch,), max_kv_splits, dtype=torch.int32, device=dev)
     assert num_kv_splits.shape[0] >= batch, num_kv_splits.shape
     kind, k_n4, v_n4 = layout(fmt)
+    if block_n is None:
+        block_n = default_block_n(kind, d)
+    bf16_dots = use_bf16_dots(q, dot_bf16)
+    launch_opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     group = hq // h_kv
     block_h = max(16, triton.next_power_of_2(group))
     q_in = q
@@ -183,8 +210,8 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
         vs.stride(0), vs.stride(1), q_in.stride(0), q_in.stride(1), mid_o.stride(0), mid_o.stride(1),
         mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         FMT=kind, GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, MIN_BLOCK=MIN_BLOCK_KV, K_N4=k_n4,
-        V_N4=v_n4, NB=d // 64, LOGIT_CAP=float(logit_cap), DOT_BF16=use_bf16_dots(q, dot_bf16),
-        num_warps=num_warps)
+        V_N4=v_n4, NB=d // 64, LOGIT_CAP=float(logit_cap), DOT_BF16=bf16_dots, LUT=level_decode(q, bf16_dots, lut),
+        **launch_opts)
     out = torch.empty(q.shape, dtype=torch.float32, device=dev) if fmt.rotated else o
     _decode_stage2[(batch, hq)](
         mid_o, mid_lse, out, kv_indptr, num_kv_splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),

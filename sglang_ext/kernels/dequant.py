@@ -9,7 +9,7 @@ import triton.language as tl
 
 from ..kvformats import KVFormat, rotation
 from .checks import check_planes
-from .decode import attention_planes, layout
+from .decode import LUT_SELECT, attention_planes, layout
 from .rotate import rotate_rows
 from .tiles import kv_block, kv_scale
 
@@ -17,17 +17,18 @@ from .tiles import kv_block, kv_scale
 @triton.jit
 def _dequant_kernel(codes, scales, loc_ptr, out_ptr, num_tokens, stride_c_slot, stride_c_head,
                     stride_s_slot, stride_s_head, stride_o_n, stride_o_h,
-                    FMT: tl.constexpr, N4: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr):
+                    FMT: tl.constexpr, N4: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr,
+                    LUT: tl.constexpr):
     head = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows < num_tokens
     slot = tl.load(loc_ptr + rows, mask=mask_n, other=0).to(tl.int64)
     row = slot * stride_c_slot + head * stride_c_head
     srow = slot * stride_s_slot + head * stride_s_head
-    out_row = rows.to(tl.int64) * stride_o_n + head * stride_o_h
+    out_row = rows.to(tl.int64) * stride_o_n + head * stride_o_h  # LUT: the select tree (exact float32 levels)
     offs = tl.arange(0, 64)
     for b in tl.static_range(NB):
-        x = kv_block(FMT, codes, row, mask_n, b, N4, BLOCK_N)
+        x = kv_block(FMT, codes, row, mask_n, b, N4, BLOCK_N, LUT)
         if FMT != 0:
             x = x * kv_scale(FMT, scales, srow, mask_n, b)[:, None]
         tl.store(out_ptr + out_row[:, None] + b * 64 + offs[None, :], x, mask=mask_n[:, None])
@@ -49,7 +50,7 @@ def dequantize_tokens(fmt: KVFormat, planes: dict[str, torch.Tensor], loc: torch
             _dequant_kernel[(triton.cdiv(n, block_n), h)](
                 codes, scales, loc, out, n, codes.stride(0), codes.stride(1),
                 scales.stride(0), scales.stride(1), out.stride(0), out.stride(1),
-                FMT=kind, N4=n4, NB=d // 64, BLOCK_N=block_n)
+                FMT=kind, N4=n4, NB=d // 64, BLOCK_N=block_n, LUT=LUT_SELECT)
             if fmt.rotated:
                 out = rotate_rows(out, torch.empty_like(out), tensor, True)
         result.append(out)

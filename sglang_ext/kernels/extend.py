@@ -3,7 +3,8 @@ through kv_indices (which cover the prefix only, as in SGLang), and to the new t
 full precision from k_extend / v_extend (also already stored in the pool by store_kv), causally.
 
 Octave: q, k_extend and v_extend are rotated once into the K / V bases, the kernel works in the rotated basis
-throughout, and the output is un-rotated once. Grid (batch, q_head, query block), as SGLang's extend kernel.
+throughout, and the output is un-rotated once. Grid (batch, KV head, query block): a program owns block_m new
+tokens of all q heads of one KV head (GQA), so each prefix tile is decoded once for the whole group.
 """
 
 from __future__ import annotations
@@ -14,9 +15,14 @@ import triton.language as tl
 
 from ..kvformats import KVFormat, rotation
 from .checks import check_planes
-from .decode import _tanh, attention_planes, layout, use_bf16_dots
+from .decode import _tanh, attention_planes, layout, level_decode, use_bf16_dots
 from .rotate import rotate_rows
 from .tiles import accumulate, load_q_blocks, scores, store_blocks
+
+# by head_dim: (query token, q head) rows per program (the accumulators are rows x head_dim float32) and prefix
+# tokens per iteration; measured on an H200, 4096 new tokens over a 32k prefix (benchmarks/kernels_variants.py)
+ROWS_PER_PROGRAM = {64: 256, 128: 256, 256: 128}
+BLOCK_N = {64: 64, 128: 64, 256: 32}
 
 
 @triton.jit
@@ -26,35 +32,40 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v
                    stride_o_t, stride_o_h,
                    stride_kc_slot, stride_kc_head, stride_ks_slot, stride_ks_head,
                    stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
-                   FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                   FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, K_N4: tl.constexpr, V_N4: tl.constexpr, NB: tl.constexpr,
-                   IS_CAUSAL: tl.constexpr, LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr):
+                   IS_CAUSAL: tl.constexpr, LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr, LUT: tl.constexpr):
+    # One program: BLOCK_M new tokens x all GROUP q heads of one KV head, as rows r = token * BLOCK_G + head,
+    # so every prefix tile is read and decoded once per KV head and query block, not once per q head.
     batch = tl.program_id(0)
-    head = tl.program_id(1)
+    kv_head = tl.program_id(1)
     block_m = tl.program_id(2)
-    kv_head = head // GROUP
     q_start = tl.load(qo_indptr + batch).to(tl.int64)
     ext_len = tl.load(qo_indptr + batch + 1) - q_start
     if block_m * BLOCK_M < ext_len:
         kv_start = tl.load(kv_indptr + batch)
         prefix_len = tl.load(kv_indptr + batch + 1) - kv_start
-        offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < ext_len
-        q0, q1, q2, q3 = load_q_blocks(q_ptr, (q_start + offs_m) * stride_q_t + head * stride_q_h, mask_m, NB)
-        e_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        e_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc0 = tl.zeros([BLOCK_M, 64], dtype=tl.float32)
-        acc1 = tl.zeros([BLOCK_M, 64], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_M, 64], dtype=tl.float32)
-        acc3 = tl.zeros([BLOCK_M, 64], dtype=tl.float32)
+        offs_r = tl.arange(0, BLOCK_M * BLOCK_G)
+        offs_m = block_m * BLOCK_M + offs_r // BLOCK_G
+        offs_g = offs_r % BLOCK_G
+        mask_r = (offs_m < ext_len) & (offs_g < GROUP)
+        heads = (kv_head * GROUP + offs_g).to(tl.int64)
+        q0, q1, q2, q3 = load_q_blocks(q_ptr, (q_start + offs_m) * stride_q_t + heads * stride_q_h, mask_r, NB,
+                                       DOT_BF16)
+        e_max = tl.full([BLOCK_M * BLOCK_G], float("-inf"), tl.float32)
+        e_sum = tl.zeros([BLOCK_M * BLOCK_G], dtype=tl.float32)
+        acc0 = tl.zeros([BLOCK_M * BLOCK_G, 64], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_M * BLOCK_G, 64], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_M * BLOCK_G, 64], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_M * BLOCK_G, 64], dtype=tl.float32)
         # stage 1: the compressed prefix, through kv_indices
         for n0 in range(0, prefix_len, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < prefix_len
             slot = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
             qk = scores(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
-                        slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_M, BLOCK_N,
-                        DOT_BF16) * sm_scale
+                        slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_M * BLOCK_G,
+                        BLOCK_N, DOT_BF16, LUT) * sm_scale
             if LOGIT_CAP > 0:
                 qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
@@ -66,7 +77,7 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v
             acc0, acc1, acc2, acc3 = accumulate(
                 FMT, p, acc0 * rescale[:, None], acc1 * rescale[:, None], acc2 * rescale[:, None],
                 acc3 * rescale[:, None], v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
-                slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16)
+                slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT)
         # stage 2: the new tokens at full precision (already in the attention basis)
         if IS_CAUSAL:
             ext_end = tl.minimum((block_m + 1) * BLOCK_M, ext_len)
@@ -77,7 +88,7 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v
             mask_n = offs_n < ext_len
             rows = q_start + offs_n
             qk = scores(0, q0, q1, q2, q3, ke_ptr, ke_ptr, rows * stride_ke_t + kv_head * stride_ke_h, rows,
-                        mask_n, 0, NB, BLOCK_M, BLOCK_N, DOT_BF16) * sm_scale
+                        mask_n, 0, NB, BLOCK_M * BLOCK_G, BLOCK_N, DOT_BF16, 0) * sm_scale
             if LOGIT_CAP > 0:
                 qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
             keep = mask_n[None, :]
@@ -92,8 +103,8 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v
             acc0, acc1, acc2, acc3 = accumulate(
                 0, p, acc0 * rescale[:, None], acc1 * rescale[:, None], acc2 * rescale[:, None],
                 acc3 * rescale[:, None], ve_ptr, ve_ptr, rows * stride_ve_t + kv_head * stride_ve_h, rows, mask_n,
-                0, NB, BLOCK_N, DOT_BF16)
-        store_blocks(out_ptr, (q_start + offs_m) * stride_o_t + head * stride_o_h, mask_m, acc0, acc1, acc2, acc3,
+                0, NB, BLOCK_N, DOT_BF16, 0)
+        store_blocks(out_ptr, (q_start + offs_m) * stride_o_t + heads * stride_o_h, mask_r, acc0, acc1, acc2, acc3,
                      1.0 / e_sum, NB)
 
 
@@ -101,10 +112,13 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
                      o_extend: torch.Tensor, planes: dict[str, torch.Tensor], qo_indptr: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, max_len_extend: int, sm_scale: float,
                      is_causal: bool = True, page_size: int = 1, logit_cap: float = 0.0,
-                     block_m: int = 32, block_n: int = 32, dot_bf16: bool | None = None) -> torch.Tensor:
+                     block_m: int | None = None, block_n: int | None = None, dot_bf16: bool | None = None,
+                     num_warps: int = 8, num_stages: int | None = None, lut: int | None = None) -> torch.Tensor:
     """q_extend/o_extend [T, Hq, D], k_extend/v_extend [T, Hkv, D]; qo_indptr [B+1] over T; kv_indptr [B+1]
     and kv_indices: each request's prefix slots (token-level ids; page_size as in decode.py).
-    max_len_extend must be >= every request's new-token count. dot_bf16: as in decode_attention.
+    max_len_extend must be >= every request's new-token count. dot_bf16, lut: as in decode_attention.
+    block_m: new tokens per program (None: ROWS_PER_PROGRAM[d] / the group size rounded up to a power of 2);
+    block_n: prefix / new tokens per iteration (None: BLOCK_N[d]).
     Writes every row of o_extend; returns it."""
     check_planes(fmt, planes)
     t, hq, d = q_extend.shape
@@ -133,14 +147,23 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     else:
         out = o_extend
     kc, ks, vc, vs = attention_planes(fmt, planes)
-    grid = (batch, hq, triton.cdiv(max(int(max_len_extend), 1), block_m))
+    group = hq // h_kv
+    block_g = triton.next_power_of_2(group)
+    if block_m is None:
+        block_m = max(1, ROWS_PER_PROGRAM[d] // block_g)
+    if block_n is None:
+        block_n = BLOCK_N[d]
+    bf16_dots = use_bf16_dots(q_extend, dot_bf16)
+    launch_opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+    grid = (batch, h_kv, triton.cdiv(max(int(max_len_extend), 1), block_m))
     _extend_kernel[grid](
         q_in, k_in, v_in, out, kc, ks, vc, vs, qo_indptr, kv_indptr, kv_indices, sm_scale,
         q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1), v_in.stride(0), v_in.stride(1),
         out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1), vs.stride(0), vs.stride(1),
-        FMT=kind, GROUP=hq // h_kv, BLOCK_M=block_m, BLOCK_N=block_n, K_N4=k_n4, V_N4=v_n4, NB=d // 64,
-        IS_CAUSAL=bool(is_causal), LOGIT_CAP=float(logit_cap), DOT_BF16=use_bf16_dots(q_extend, dot_bf16))
+        FMT=kind, GROUP=group, BLOCK_G=block_g, BLOCK_M=block_m, BLOCK_N=block_n, K_N4=k_n4, V_N4=v_n4,
+        NB=d // 64, IS_CAUSAL=bool(is_causal), LOGIT_CAP=float(logit_cap),
+        DOT_BF16=bf16_dots, LUT=level_decode(q_extend, bf16_dots, lut), **launch_opts)
     if fmt.rotated:
         rotate_rows(out, o_extend, rotation.V_TENSOR, True)
     return o_extend

@@ -1,9 +1,11 @@
 """Quantize-and-store: new K/V [N, H, D] (bf16 / fp16 / fp32) into the pool's planes at slots loc[N].
 
-Bit-exact with the torch reference quantizer (kvformats): the octave path evaluates the rotation with the
-same butterfly order, every sum with the same pairwise-halves tree, and uses correctly rounded division and
-square root (div_rn / sqrt_rn). Caveat: on a GPU the compiler may fuse a multiply and an add into an FMA,
-which can move a value by one ulp; under TRITON_INTERPRET (CI) the match is exact.
+Bit-exact with the torch reference quantizer (kvformats) run on the CPU: the octave path evaluates the
+rotation with the same butterfly order, every sum with the same pairwise-halves tree, and uses correctly
+rounded division and square root (div_rn / sqrt_rn); the kernel is compiled with enable_fp_fusion=False so
+that no multiply and add are contracted into one FMA (which rounds once instead of twice). Note that torch's
+own CUDA quantizer is not the spec: it divides by a Python scalar as a multiply by its reciprocal
+(int8's absmax / 127), which is not correctly rounded.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import triton.language as tl
 from ..kvformats import KVFormat, rotation
 from . import tables
 from .checks import check_planes
+
+# no FMA contraction: the reference rounds every product and every sum (see the module docstring)
+STORE_COMPILE_OPTIONS = {"enable_fp_fusion": False}
 
 
 @triton.jit
@@ -146,7 +151,7 @@ def _store_one(fmt: KVFormat, x: torch.Tensor, loc: torch.Tensor, codes: torch.T
         tables.threshold_table(dev), tables.level_table(dev), n,
         x.stride(0), x.stride(1), codes.stride(0), codes.stride(1),
         scales_t.stride(0) if scales is not None else 0, scales_t.stride(1) if scales is not None else 0,
-        FMT=kind, D=d, N4=n4, NB=nb, BLOCK_N=block_n)
+        FMT=kind, D=d, N4=n4, NB=nb, BLOCK_N=block_n, **STORE_COMPILE_OPTIONS)
 
 
 def store_kv(fmt: KVFormat, planes: dict[str, torch.Tensor], loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -23,15 +23,17 @@ TARGETS = {"cuda:80": ("cuda", 80, 32), "cuda:86": ("cuda", 86, 32), "cuda:90": 
 
 @dataclass(frozen=True)
 class C:
-    """A constexpr argument's value."""
+    """A constexpr argument's value; a dict gives one value per backend ("cuda", "hip")."""
     value: object
 
 
 def _variants():
-    """(label, jit function, {arg name: type string or C(value)}) for every kernel variant."""
+    """(label, jit function, {arg name: type string or C(value)}, compile options) for every kernel variant, with
+    the options the launchers use."""
     from . import decode, dequant, extend, rotate, store
 
     p32, p16, pb16, pu8, pi8, pi32 = "*fp32", "*fp16", "*bf16", "*u8", "*i8", "*i32"
+    ptx = {"cuda": decode.LUT_PTX, "hip": decode.LUT_SELECT}  # the launchers' level decode per backend
     i32, f32 = "i32", "fp32"
     # per format kind: (codes ptr, scales ptr, K leading 4-bit blocks, V leading 4-bit blocks) at D 256 / rotary 64
     kinds = {
@@ -42,7 +44,7 @@ def _variants():
     }
     out = [("rotate_rows", rotate._rotate_rows_kernel, {
         "x_ptr": pb16, "out_ptr": p32, "mat_ptr": p32, "num_rows": i32, "rows_per_outer": i32, "stride_x_outer": i32,
-        "stride_x_inner": i32, "stride_o_outer": i32, "stride_o_inner": i32, "NB": C(4), "BLOCK_R": C(16)})]
+        "stride_x_inner": i32, "stride_o_outer": i32, "stride_o_inner": i32, "NB": C(4), "BLOCK_R": C(16)}, {})]
     for name, (fmt, codes, scales, k_n4, v_n4) in kinds.items():
         for d in (128, 256):
             kn4 = min(k_n4, d // 64) if d == 256 else (d // 64 if fmt == 2 else 0)
@@ -52,7 +54,8 @@ def _variants():
                 "x_ptr": pb16, "loc_ptr": pi32, "codes_ptr": codes, "scales_ptr": scales, "sign_ptr": p32, "thr_ptr": p32,
                 "level_ptr": p32, "num_tokens": i32, "stride_x_n": i32, "stride_x_h": i32, "stride_c_slot": i32,
                 "stride_c_head": i32, "stride_s_slot": i32, "stride_s_head": i32,
-                "FMT": C(fmt), "D": C(d), "N4": C(kn4), "NB": C(d // 64), "BLOCK_N": C(16)}))
+                "FMT": C(fmt), "D": C(d), "N4": C(kn4), "NB": C(d // 64), "BLOCK_N": C(16)},
+                store.STORE_COMPILE_OPTIONS))
             common = {"k_codes": codes, "k_scales": scales, "v_codes": codes, "v_scales": scales}
             strides = {s: i32 for s in ("stride_kc_slot", "stride_kc_head", "stride_ks_slot", "stride_ks_head",
                                         "stride_vc_slot", "stride_vc_head", "stride_vs_slot", "stride_vs_head")}
@@ -60,26 +63,29 @@ def _variants():
                 q_ptr=p32, **common, kv_indptr=pi32, kv_indices=pi32, num_kv_splits=pi32, mid_o=p32,
                 mid_lse=p32, sm_scale=f32, **strides, stride_q_b=i32, stride_q_h=i32, stride_mo_b=i32,
                 stride_mo_h=i32, stride_mo_s=i32, stride_ml_b=i32, stride_ml_h=i32,
-                FMT=C(fmt), GROUP=C(8), BLOCK_H=C(16), BLOCK_N=C(64), MIN_BLOCK=C(32), K_N4=C(kn4),
-                V_N4=C(vn4), NB=C(d // 64), LOGIT_CAP=C(0.0), DOT_BF16=C(True))))
+                FMT=C(fmt), GROUP=C(8), BLOCK_H=C(16), BLOCK_N=C(decode.default_block_n(fmt, d)), MIN_BLOCK=C(32),
+                K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx)),
+                {"num_warps": 4}))
             out.append((f"extend {tag}", extend._extend_kernel, dict(
                 q_ptr=p32, ke_ptr=p32, ve_ptr=p32, out_ptr=p32, **common, qo_indptr=pi32, kv_indptr=pi32,
                 kv_indices=pi32, sm_scale=f32, stride_q_t=i32, stride_q_h=i32, stride_ke_t=i32, stride_ke_h=i32,
                 stride_ve_t=i32, stride_ve_h=i32, stride_o_t=i32, stride_o_h=i32, **strides,
-                FMT=C(fmt), GROUP=C(8), BLOCK_M=C(32), BLOCK_N=C(32), K_N4=C(kn4), V_N4=C(vn4),
-                NB=C(d // 64), IS_CAUSAL=C(True), LOGIT_CAP=C(0.0), DOT_BF16=C(True))))
+                FMT=C(fmt), GROUP=C(8), BLOCK_G=C(8), BLOCK_M=C(extend.ROWS_PER_PROGRAM[d] // 8),
+                BLOCK_N=C(extend.BLOCK_N[d]), K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), IS_CAUSAL=C(True),
+                LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx)), {"num_warps": 8}))
             out.append((f"dequant {tag}", dequant._dequant_kernel, {
                 "codes": codes, "scales": scales, "loc_ptr": pi32, "out_ptr": p32, "num_tokens": i32,
                 "stride_c_slot": i32, "stride_c_head": i32, "stride_s_slot": i32, "stride_s_head": i32, "stride_o_n": i32,
-                "stride_o_h": i32, "FMT": C(fmt), "N4": C(kn4), "NB": C(d // 64), "BLOCK_N": C(16)}))
+                "stride_o_h": i32, "FMT": C(fmt), "N4": C(kn4), "NB": C(d // 64), "BLOCK_N": C(16),
+                "LUT": C(decode.LUT_SELECT)}, {}))
     out.append(("decode_stage2 d256", decode._decode_stage2, {
         "mid_o": p32, "mid_lse": p32, "out_ptr": pb16, "kv_indptr": pi32, "num_kv_splits": pi32, "stride_mo_b": i32,
         "stride_mo_h": i32, "stride_mo_s": i32, "stride_ml_b": i32, "stride_ml_h": i32, "stride_o_b": i32, "stride_o_h": i32,
-        "D": C(256), "MAX_SPLITS": C(16), "MIN_BLOCK": C(32)}))
+        "D": C(256), "MAX_SPLITS": C(16), "MIN_BLOCK": C(32)}, {}))
     return out
 
 
-def compile_one(fn, spec: dict, target) -> None:
+def compile_one(fn, spec: dict, target, options: dict | None = None) -> None:
     import triton
     from triton.compiler import ASTSource
 
@@ -87,7 +93,8 @@ def compile_one(fn, spec: dict, target) -> None:
     assert not missing, f"{fn.__name__}: no type for {sorted(missing)}"
     signature = {a: ("constexpr" if isinstance(spec[a], C) else spec[a]) for a in fn.arg_names}
     constexprs = {a: spec[a].value for a in fn.arg_names if isinstance(spec[a], C)}
-    triton.compile(ASTSource(fn, signature, constexprs), target=target)
+    constexprs = {a: (v[target.backend] if isinstance(v, dict) else v) for a, v in constexprs.items()}
+    triton.compile(ASTSource(fn, signature, constexprs), target=target, options=options or None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,13 +110,13 @@ def main(argv: list[str] | None = None) -> int:
 
     targets = args.target or list(TARGETS)
     rows = []
-    for label, fn, spec in _variants():
+    for label, fn, spec, options in _variants():
         if args.only not in label:
             continue
         for tname in targets:
             t0 = time.time()
             try:
-                compile_one(fn, spec, GPUTarget(*TARGETS[tname]))
+                compile_one(fn, spec, GPUTarget(*TARGETS[tname]), options)
                 status = "ok"
             except Exception as e:  # noqa: BLE001 - every failure is reported in the table and the exit code
                 status = f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"

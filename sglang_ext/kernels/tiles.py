@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from ..kvformats.codebook import LEVELS
+from .levels_ptx import levels_3bit_ptx, levels_4bit_ptx
 
 # Positive Lloyd-Max levels as compile-time constants (the negative half is the exact mirror).
 P4_0: tl.constexpr = tl.constexpr(LEVELS[4][8])
@@ -67,15 +68,31 @@ def codes_block(row_ptr, mask_n, OFF: tl.constexpr, BITS: tl.constexpr, BLOCK_N:
 
 
 @triton.jit
-def kv_block(FMT: tl.constexpr, codes_ptr, row, mask_n, b: tl.constexpr, N4: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Unscaled float32 values [BLOCK_N, 64] of block b. row: int64 [BLOCK_N] element offsets of the rows.
-    FMT 0: plain float rows (bf16 planes, or extend's new K/V); 1: int8 codes; 2: octave levels, where blocks
-    0..N4-1 are 4-bit (32 bytes) and the rest 3-bit (24 bytes)."""
+def octave_levels(row_ptr, mask_n, OFF: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, LUT: tl.constexpr):
+    """Levels [BLOCK_N, 64] of the block whose packed bytes start OFF bytes into each row: float32 from the select
+    tree (LUT 0), or bf16 from PTX byte-permute lookups (LUT 1, NVIDIA only; levels_ptx.py)."""
+    if LUT == 1:
+        if BITS == 4:
+            byte = tl.load(row_ptr[:, None] + OFF + tl.arange(0, 32)[None, :], mask=mask_n[:, None], other=0)
+            x = levels_4bit_ptx(byte, BLOCK_N)
+        else:
+            x = levels_3bit_ptx(codes_block(row_ptr, mask_n, OFF, 3, BLOCK_N))
+    else:
+        x = level_of(codes_block(row_ptr, mask_n, OFF, BITS, BLOCK_N), BITS)
+    return x
+
+
+@triton.jit
+def kv_block(FMT: tl.constexpr, codes_ptr, row, mask_n, b: tl.constexpr, N4: tl.constexpr, BLOCK_N: tl.constexpr,
+             LUT: tl.constexpr):
+    """Unscaled values [BLOCK_N, 64] of block b (float32; bf16 for octave with LUT 1). row: int64 [BLOCK_N]
+    element offsets of the rows. FMT 0: plain float rows (bf16 planes, or extend's new K/V); 1: int8 codes;
+    2: octave levels, where blocks 0..N4-1 are 4-bit (32 bytes) and the rest 3-bit (24 bytes)."""
     if FMT == 2:
         if b < N4:
-            x = level_of(codes_block(codes_ptr + row, mask_n, b * 32, 4, BLOCK_N), 4)
+            x = octave_levels(codes_ptr + row, mask_n, b * 32, 4, BLOCK_N, LUT)
         else:
-            x = level_of(codes_block(codes_ptr + row, mask_n, N4 * 32 + (b - N4) * 24, 3, BLOCK_N), 3)
+            x = octave_levels(codes_ptr + row, mask_n, N4 * 32 + (b - N4) * 24, 3, BLOCK_N, LUT)
     else:
         offs = b * 64 + tl.arange(0, 64)
         x = tl.load(codes_ptr + row[:, None] + offs[None, :], mask=mask_n[:, None], other=0).to(tl.float32)
@@ -103,7 +120,8 @@ def _dot(a, b, DOT_BF16: tl.constexpr):
 
 @triton.jit
 def scores(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, mask_n, N4: tl.constexpr,
-           NB: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
+           NB: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
+           LUT: tl.constexpr):
     """q . k for a tile: float32 [M, BLOCK_N]. q0..q3: the query's 64-dim blocks [M, 64]."""
     qk = tl.zeros([M, BLOCK_N], dtype=tl.float32)
     for b in tl.static_range(NB):
@@ -115,7 +133,7 @@ def scores(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, 
             qb = q2
         else:
             qb = q3
-        part = _dot(qb, tl.trans(kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N)), DOT_BF16)
+        part = _dot(qb, tl.trans(kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT)), DOT_BF16)
         if FMT == 2:
             part = part * kv_scale(FMT, scales_ptr, srow, mask_n, b)[None, :]
         qk += part
@@ -126,7 +144,8 @@ def scores(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, 
 
 @triton.jit
 def accumulate(FMT: tl.constexpr, p, acc0, acc1, acc2, acc3, codes_ptr, scales_ptr, row, srow, mask_n,
-               N4: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
+               N4: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
+               LUT: tl.constexpr):
     """acc_b += p @ v_b for a tile; p float32 [M, BLOCK_N] (the V scales are folded into p's columns)."""
     if FMT == 1:
         p = p * kv_scale(FMT, scales_ptr, srow, mask_n, 0)[None, :]
@@ -134,7 +153,7 @@ def accumulate(FMT: tl.constexpr, p, acc0, acc1, acc2, acc3, codes_ptr, scales_p
         pb = p
         if FMT == 2:
             pb = p * kv_scale(FMT, scales_ptr, srow, mask_n, b)[None, :]
-        part = _dot(pb, kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N), DOT_BF16)
+        part = _dot(pb, kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT), DOT_BF16)
         if b == 0:
             acc0 += part
         elif b == 1:
@@ -147,19 +166,21 @@ def accumulate(FMT: tl.constexpr, p, acc0, acc1, acc2, acc3, codes_ptr, scales_p
 
 
 @triton.jit
-def load_q_blocks(ptr, rows, mask_rows, NB: tl.constexpr):
-    """The 64-dim blocks of rows `rows` (int64 element offsets), float32; blocks past NB repeat block 0."""
+def load_q_blocks(ptr, rows, mask_rows, NB: tl.constexpr, DOT_BF16: tl.constexpr):
+    """The 64-dim blocks of rows `rows` (int64 element offsets): bf16 when the dots take bf16 operands (cast
+    once here, not per tile), else float32; blocks past NB repeat block 0."""
     offs = tl.arange(0, 64)
     m2 = mask_rows[:, None]
-    q0 = tl.load(ptr + rows[:, None] + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+    ty = tl.bfloat16 if DOT_BF16 else tl.float32
+    q0 = tl.load(ptr + rows[:, None] + offs[None, :], mask=m2, other=0.0).to(tl.float32).to(ty)
     q1 = q0
     q2 = q0
     q3 = q0
     if NB > 1:
-        q1 = tl.load(ptr + rows[:, None] + 64 + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+        q1 = tl.load(ptr + rows[:, None] + 64 + offs[None, :], mask=m2, other=0.0).to(tl.float32).to(ty)
     if NB > 2:
-        q2 = tl.load(ptr + rows[:, None] + 128 + offs[None, :], mask=m2, other=0.0).to(tl.float32)
-        q3 = tl.load(ptr + rows[:, None] + 192 + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+        q2 = tl.load(ptr + rows[:, None] + 128 + offs[None, :], mask=m2, other=0.0).to(tl.float32).to(ty)
+        q3 = tl.load(ptr + rows[:, None] + 192 + offs[None, :], mask=m2, other=0.0).to(tl.float32).to(ty)
     return q0, q1, q2, q3
 
 
