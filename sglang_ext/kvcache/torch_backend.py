@@ -12,12 +12,7 @@ from __future__ import annotations
 
 import torch
 
-# compat (sglang 0.5.23): TorchNativeAttnBackend attributes read here -- token_to_kv_pool, req_to_token_pool;
-#   ForwardBatch fields forward_mode, req_pool_indices, seq_lens_cpu, extend_prefix_lens_cpu, extend_seq_lens_cpu,
-#   out_cache_loc.
-from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-from sglang.srt.layers.radix_attention import AttentionType
-from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang_ext import compat
 
 from sglang_ext.kvcache.batch_plan import BatchPlan, plan_decode, plan_extend
 from sglang_ext.kvcache.batched_attention import PaddedBatch, batched_attention, pad_batch
@@ -28,7 +23,7 @@ from sglang_ext.kvformats import reference
 def check_layer_supported(layer, fmt_name: str, backend: str) -> None:
     """Raise for attention features the compressed-KV kernels do not implement."""
     problems = []
-    if layer.is_cross_attention or layer.attn_type != AttentionType.DECODER:
+    if layer.is_cross_attention or layer.attn_type != compat.AttentionType.DECODER:
         problems.append(f"attention type {layer.attn_type}")
     if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
         problems.append(f"sliding window {layer.sliding_window_size}")
@@ -55,7 +50,7 @@ def _host_list(host: list | torch.Tensor | None, device_tensor: torch.Tensor) ->
     return host.tolist() if isinstance(host, torch.Tensor) else list(host)
 
 
-class CompressedTorchNativeAttnBackend(TorchNativeAttnBackend):
+class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
     """torch_native for `CompressedMHATokenToKVPool`: decode and extend (incl. mixed chunks) on any device."""
 
     def __init__(self, model_runner):
@@ -113,7 +108,7 @@ class CompressedTorchNativeAttnBackend(TorchNativeAttnBackend):
             self._checked_layers.add(layer.layer_id)
 
     def _store(self, layer, forward_batch, k, v) -> None:
-        self.kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc), k, v)
+        self.kv_pool.set_kv_buffer(layer, compat.KVWriteLoc(forward_batch.out_cache_loc), k, v)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         self._check(layer)
