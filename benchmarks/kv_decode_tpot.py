@@ -6,6 +6,11 @@ For each `--kv-cache-dtype`: one real server (built-in model, float32 weights); 
 streamed greedy requests sent at once (prompts: B different windows of --prompt tokens of the constitution
 text, ignore_eos) after a warm-up request. TPOT of a request = (end - first token) / (tokens - 1); the table
 gives the mean over the B requests. Prints a markdown table; --out writes the rows as JSON.
+
+--attention-only: no server; one decode step's attention over the model's 30 layers (3 KV heads, 9 query
+heads, head_dim 64; B sequences of --prompt cached tokens in a shuffled pool), per-request reference loop (the
+CPU path before batching) vs `batched_attention`, median of --repeats, process CPU time and wall time. CPU time
+is the steadier figure on a shared machine.
 """
 
 from __future__ import annotations
@@ -44,6 +49,55 @@ def stream(server: ServerProcess, ids: list[int], tokens: int) -> tuple[float, f
     return first - t0, time.perf_counter() - first, n
 
 
+def attention_only(args) -> list[dict]:
+    import torch
+
+    from sglang_ext.kvcache.batch_plan import plan_decode
+    from sglang_ext.kvcache.batched_attention import batched_attention, pad_batch
+    from sglang_ext.kvformats import get_format, reference
+
+    layers, h_kv, hq, d = 30, 3, 9, 64
+    rows = []
+    for dtype in args.dtypes.split(","):
+        fmt = get_format(dtype, d, d)
+        for batch in [int(b) for b in args.batches.split(",")]:
+            gen = torch.Generator().manual_seed(0)
+            slots = batch * args.prompt
+            planes = fmt.allocate(slots + 1, h_kv, "cpu")
+            for name, codes in fmt.quantize(torch.randn(slots + 1, h_kv, d, generator=gen),
+                                             torch.randn(slots + 1, h_kv, d, generator=gen)).items():
+                planes[name][:] = codes
+            table = (torch.randperm(slots, generator=gen) + 1).view(batch, args.prompt)
+            q = torch.randn(batch, hq, d, generator=gen)
+            timings = {}
+            for path in ("per_request", "batched"):
+                samples = []
+                for _ in range(args.repeats):
+                    c0, w0 = time.process_time(), time.perf_counter()
+                    plan = plan_decode(table, list(range(batch)), [args.prompt] * batch)
+                    padded = pad_batch(plan, new_tokens=False) if path == "batched" else None
+                    for _layer in range(layers):
+                        if padded is None:
+                            reference.decode_attention(fmt, q, planes, plan.kv_indptr, plan.kv_indices, d**-0.5)
+                        else:
+                            batched_attention(fmt, q, planes, padded, d**-0.5)
+                    samples.append((time.process_time() - c0, time.perf_counter() - w0))
+                cpu = sorted(s[0] for s in samples)[len(samples) // 2]
+                wall = sorted(s[1] for s in samples)[len(samples) // 2]
+                timings[path] = (cpu, wall)
+            rows.append({"kv_cache_dtype": dtype, "batch": batch, "cached_tokens": args.prompt,
+                         "per_request_cpu_ms": round(1000 * timings["per_request"][0], 1),
+                         "batched_cpu_ms": round(1000 * timings["batched"][0], 1),
+                         "per_request_wall_ms": round(1000 * timings["per_request"][1], 1),
+                         "batched_wall_ms": round(1000 * timings["batched"][1], 1)})
+            print(json.dumps(rows[-1]), flush=True)
+    print("| KV | batch | per-request CPU ms (wall) | batched CPU ms (wall) |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['kv_cache_dtype']} | {r['batch']} | {r['per_request_cpu_ms']} ({r['per_request_wall_ms']}) "
+              f"| {r['batched_cpu_ms']} ({r['batched_wall_ms']}) |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="int8,octave_k3v4")
@@ -51,7 +105,14 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--attention-only", action="store_true")
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    if args.attention_only:
+        rows = attention_only(args)
+        if args.out:
+            Path(args.out).write_text(json.dumps(rows, indent=1))
+        return
     model = str(default_model_dir())
     ids = AutoTokenizer.from_pretrained(model)(TEXT_PATH.read_text(), add_special_tokens=False).input_ids
     batches = [int(b) for b in args.batches.split(",")]
