@@ -174,7 +174,8 @@ def main() -> None:
             continue
         r.update(agreement(r["outputs"], base["outputs"]))
         print(
-            f"| {r['kv_cache_dtype']} | {r['bytes_per_token']:.0f} | x{base['bytes_per_token'] / r['bytes_per_token']:.2f} "
+            f"| {r['kv_cache_dtype']} | {r['bytes_per_token']:.0f} "
+            f"| x{base['bytes_per_token'] / r['bytes_per_token']:.2f} "
             f"| {r['ppl']:.4f} | {(r['ppl'] / base['ppl'] - 1) * 100:+.2f}% "
             f"| {r['ppl_ci_window']:.4f} | {(r['ppl_ci_window'] / base['ppl_ci_window'] - 1) * 100:+.2f}% "
             f"| {r['tokens_identical'] * 100:.1f}% | {r['prompts_identical'] * 100:.0f}% "

@@ -3,8 +3,9 @@
 Pure torch (no SGLang). Per forward step `pad_batch` turns a `BatchPlan` into a padded layout: B sequences x M
 query rows, each attending to L cached slots (read from the pool) and, when the new tokens' K/V come in with
 the call (target verify, draft extend), to the M new tokens under a causal or custom (tree) mask. Per layer
-`batched_attention` gathers the planes at the batch's slots once (only the rows the batch touches; never a
-whole layer), dequantizes those rows, pads them to [B, L] and attends with one masked softmax.
+`batched_attention` gathers the planes at the batch's slots once, straight into the padded [B, L] layout (only
+the rows the batch touches; never a whole layer), dequantizes those rows and attends with one masked softmax,
+in the format's attention basis (octave: q and the output are rotated once, no cached row is un-rotated).
 
 The spec is the per-request `sglang_ext.kvformats.reference` attention; tests compare the two.
 """
@@ -22,10 +23,8 @@ from sglang_ext.kvformats.reference import gather_planes
 
 @dataclass(frozen=True)
 class PaddedBatch:
-    # kv_indices: [N] int64, the plan's cached slots of all sequences (CSR order)
-    kv_indices: torch.Tensor
-    # kv_rows: [B, L] int64, position in kv_indices of sequence b's l-th cached slot (0 where padding)
-    kv_rows: torch.Tensor
+    # kv_slots: [B, L] int64, sequence b's l-th cached slot; padding repeats a slot of the batch (masked out)
+    kv_slots: torch.Tensor
     # q_rows: [B, M] int64, row in q (and in the new K/V) of sequence b's m-th query (0 where padding)
     q_rows: torch.Tensor
     # q_valid: [B, M] bool, False on padding
@@ -80,7 +79,8 @@ def pad_batch(
                 mask[b, :m, :lp] = block[:, :lp]
                 new[b, :m, :m] = block[:, lp:]
         mask = torch.cat([mask, new], dim=2)
-    return PaddedBatch(plan.kv_indices, kv_rows, q_rows, q_valid, mask.contiguous(), new_tokens)
+    kv_slots = plan.kv_indices.long()[kv_rows] if width_kv else kv_rows
+    return PaddedBatch(kv_slots, q_rows, q_valid, mask.contiguous(), new_tokens)
 
 
 def batched_attention(
@@ -95,41 +95,49 @@ def batched_attention(
 ) -> torch.Tensor:
     """q [T, Hq, D] (rows laid out by the plan's qo_indptr) -> o float32 [T, Hq, D].
 
-    planes: the layer's {name: [slots, Hkv, *tail]}; only planes[*][batch.kv_indices] are read.
+    planes: the layer's {name: [slots, Hkv, *tail]}; only the rows at batch.kv_slots are read.
     k_new / v_new [T, Hkv, D]: the new tokens' K/V at full precision, required iff batch.new_tokens.
     A query that sees no key gets a zero output (as in the reference).
     """
     t, hq, d = q.shape
     nb, width_q = batch.q_rows.shape
+    out = torch.zeros(t, hq, d, dtype=torch.float32, device=q.device)
+    if nb == 0:
+        return out
+    # Attention runs in the format's basis (octave: rotated): q, the new K/V and the output are rotated once
+    # each, so no cached row is ever un-rotated.
     keys, values = [], []
-    if batch.kv_rows.shape[1]:
-        # k_rows, v_rows: [N, Hkv, D] float32, the dequantized rows this batch reads
-        k_rows, v_rows = fmt.dequantize(gather_planes(planes, batch.kv_indices.long()))
-        keys.append(k_rows[batch.kv_rows])
-        values.append(v_rows[batch.kv_rows])
+    if batch.kv_slots.shape[1]:
+        # The compressed rows are gathered straight into the padded layout, heads first (bytes, not floats, are
+        # moved): codes [Hkv, B * L, *tail] -> k_rows, v_rows [Hkv, B * L, D] float32 -> [Hkv, B, L, D].
+        gathered = {name: t[batch.kv_slots.flatten()].transpose(0, 1).contiguous() for name, t in planes.items()}
+        k_rows, v_rows = fmt.dequantize_rotated_kv(gathered)
+        keys.append(k_rows.view(k_rows.shape[0], nb, -1, d))
+        values.append(v_rows.view(v_rows.shape[0], nb, -1, d))
     if batch.new_tokens:
         if k_new is None or v_new is None:
             raise ValueError("this batch's new tokens attend to each other: pass k_new and v_new")
-        keys.append(k_new.float()[batch.q_rows])
-        values.append(v_new.float()[batch.q_rows])
-    out = torch.zeros(t, hq, d, dtype=torch.float32, device=q.device)
-    if not keys or nb == 0:
+        keys.append(fmt.rotate_k(k_new)[batch.q_rows].permute(2, 0, 1, 3))
+        values.append(fmt.rotate_v(v_new)[batch.q_rows].permute(2, 0, 1, 3))
+    if not keys:
         return out
-    # k, v: [B, S, Hkv, D]; mask: [B, M, S]
-    k = torch.cat(keys, dim=1)
-    v = torch.cat(values, dim=1)
-    h_kv = k.shape[2]
+    # k, v: [Hkv, B, S, D]
+    k = torch.cat(keys, dim=2) if len(keys) > 1 else keys[0]
+    v = torch.cat(values, dim=2) if len(values) > 1 else values[0]
+    h_kv, width_s = k.shape[0], k.shape[2]
     group = hq // h_kv
-    qp = q.float()[batch.q_rows].view(nb, width_q, h_kv, group, d)
-    s = torch.einsum("bmhgd,bshd->bhgms", qp, k) * sm_scale
+    # qh: [Hkv, B, M * G, D], rows (m, g)
+    qh = (fmt.rotate_k(q) * sm_scale)[batch.q_rows].view(nb, width_q, h_kv, group, d).permute(2, 0, 1, 3, 4)
+    qh = qh.reshape(h_kv, nb, width_q * group, d)
+    s = torch.matmul(qh, k.transpose(-1, -2)).view(h_kv, nb, width_q, group, width_s)
     if logit_cap > 0:
         s = logit_cap * torch.tanh(s / logit_cap)
     sees_any = batch.mask.any(dim=-1)  # [B, M]
     # Rows that see nothing (padding, or an empty sequence) attend everywhere and are zeroed below: no NaN.
     mask = batch.mask | ~sees_any[:, :, None]
-    s = s.masked_fill(~mask[:, None, None], float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    o = torch.einsum("bhgms,bshd->bmhgd", p, v).reshape(nb, width_q, hq, d)
+    s = s.masked_fill(~mask[None, :, :, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1).view(h_kv, nb, width_q * group, width_s)
+    o = torch.matmul(p, v).view(h_kv, nb, width_q, group, d).permute(1, 2, 0, 3, 4).reshape(nb, width_q, hq, d)
     keep = batch.q_valid & sees_any
-    out[batch.q_rows[keep]] = o[keep]
+    out[batch.q_rows[keep]] = fmt.unrotate_v(o[keep])
     return out

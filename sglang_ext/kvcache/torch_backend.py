@@ -73,7 +73,8 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
             return
         req_pool_indices = forward_batch.req_pool_indices.tolist()
         if mode.is_decode():
-            self.plan = plan_decode(req_to_token, req_pool_indices, _host_list(forward_batch.seq_lens_cpu, forward_batch.seq_lens))
+            seq_lens = _host_list(forward_batch.seq_lens_cpu, forward_batch.seq_lens)
+            self.plan = plan_decode(req_to_token, req_pool_indices, seq_lens)
             self.padded = pad_batch(self.plan, new_tokens=False)
         elif mode.is_target_verify():
             # seq_lens counts the cached tokens only; each request's draft tokens come in with the call.

@@ -32,7 +32,9 @@ def make_backend(name: str, gen: torch.Generator):
     )  # fmt: skip
     # 5 request rows of shuffled slots, so sequences interleave in the pool.
     req_to_token = (torch.randperm(SIZE, generator=gen)[: 5 * REQ_WIDTH] + 1).view(5, REQ_WIDTH)
-    runner = SimpleNamespace(device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=pool)
+    runner = SimpleNamespace(
+        device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=pool
+    )
     return CompressedTorchNativeAttnBackend(runner), pool, req_to_token
 
 
@@ -154,6 +156,7 @@ def test_decode_batch_equals_dense_attention(name):
     for i, (r, n) in enumerate(zip(reqs, seq_lens, strict=True)):
         # The new token was stored first and is read back from the pool like every other key.
         empty = torch.zeros(0, H_KV, DIM)
-        want = dense_attention(pool, req_to_token[r, :n], q[i : i + 1], empty, empty, torch.ones(1, n, dtype=torch.bool))
+        sees_all = torch.ones(1, n, dtype=torch.bool)
+        want = dense_attention(pool, req_to_token[r, :n], q[i : i + 1], empty, empty, sees_all)
         err = float((o[i] - want[0]).abs().max())
         assert err < 1e-4, f"{name} decode request {i} (len {n}): max |backend - dense| {err:.2e}"
