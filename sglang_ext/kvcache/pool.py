@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from sglang_ext import compat
-
 from sglang_ext.kvformats.base import KVFormat
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 
 from sglang_ext import compat
-
 from sglang_ext.kvcache.formats import SUPPORTED_ATTENTION_BACKENDS, resolve_kv_format, rotary_dim_of
 from sglang_ext.kvformats.base import KVFormat
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from sglang_ext import compat
-
 from sglang_ext.kvcache.batch_plan import BatchPlan, plan_decode, plan_extend
 from sglang_ext.kvcache.batched_attention import PaddedBatch, batched_attention, pad_batch
 from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
@@ -51,7 +50,8 @@ def _host_list(host: list | torch.Tensor | None, device_tensor: torch.Tensor) ->
 
 
 class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
-    """torch_native for `CompressedMHATokenToKVPool`: decode and extend (incl. mixed chunks) on any device."""
+    """torch_native for `CompressedMHATokenToKVPool` on any device: decode, extend (incl. mixed chunks), target verify
+    (chain and tree drafts), draft extend."""
 
     def __init__(self, model_runner):
         super().__init__(model_runner)

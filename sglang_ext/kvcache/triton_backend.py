@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from sglang_ext import compat
-
 from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
 from sglang_ext.kvcache.torch_backend import check_layer_supported, logit_cap_of
 
