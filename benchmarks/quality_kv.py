@@ -99,9 +99,11 @@ def measure(kv_cache_dtype: str, ids: list[int], prompts: list[list[int]], args)
         ci = logprobs[: args.ci_tokens - 1]
         ppl_ci = math.exp(-sum(ci) / len(ci))
         t1 = time.monotonic()
-        outs = server.post(
-            "/generate", {"input_ids": prompts, "sampling_params": {"max_new_tokens": args.new, "temperature": 0}}
-        )
+        outs = []
+        if not args.ppl_only:
+            outs = server.post(
+                "/generate", {"input_ids": prompts, "sampling_params": {"max_new_tokens": args.new, "temperature": 0}}
+            )
         t2 = time.monotonic()
         info = requests.get(server.url + "/server_info", timeout=60).json()
         kv_gib = info["internal_states"][0]["memory_usage"]["kvcache"]
@@ -149,6 +151,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--ci-tokens", type=int, default=1152, help="first tokens scored by the CI perplexity test")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--ppl-only", action="store_true", help="perplexity and bytes only, no greedy batch")
     args = ap.parse_args()
 
     tok = AutoTokenizer.from_pretrained(default_model_dir())
@@ -164,6 +167,10 @@ def main() -> None:
             results.append({"kv_cache_dtype": dtype, "error": str(exc)})
         print(json.dumps({k: v for k, v in results[-1].items() if k != "outputs"}), flush=True)
 
+    if args.ppl_only:
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
+        return
     base = next(r for r in results if r["kv_cache_dtype"] == "bf16" and "error" not in r)
     print(f"\n| KV | bytes/token | capacity vs bf16 | PPL ({base['scored_tokens']} tok) | dPPL | "
           f"PPL ({base['ci_scored_tokens']} tok) | dPPL | tokens identical | prompts identical | first divergence |")
