@@ -4,9 +4,11 @@ For each `--kv-cache-dtype` it starts `python -m sglang.launch_server` on the bu
 weights, prefill chunks of --chunk tokens so most context is read back from the KV pool) and measures:
   ppl        perplexity of tests/kvcache/data/constitution_article1.txt (1651 tokens), scored in one request
              with return_logprob (every token after the first).
+             Also over the first --ci-tokens tokens (the CI test's window): prefill chunks start at token 0 in
+             both, so those tokens' log-probabilities are the same numbers the test gets.
   agreement  20 prompts (windows of --window tokens of the same text at evenly spaced offsets) x --new
-             greedy tokens: share of prompts whose output equals bf16 KV's token for token, and the mean
-             length of the common prefix as a share of --new.
+             greedy tokens, compared with bf16 KV's outputs: share of identical tokens (position by position),
+             share of prompts identical throughout, and the mean first-divergence position (--new when none).
   bytes      KV pool bytes per token as the server reports it (memory_usage.kvcache / max_total_num_tokens).
 
     python benchmarks/quality_kv.py [--dtypes bf16,fp8_e4m3,int8,octave_k3v4,octave_k3v3] [--out results.json]
@@ -50,6 +52,9 @@ class Server:
             sys.executable, "-m", "sglang.launch_server", "--model-path", str(default_model_dir()),
             "--host", "127.0.0.1", "--port", str(self.port), "--kv-cache-dtype", kv_cache_dtype,
             "--dtype", "float32", "--chunked-prefill-size", str(chunk), "--random-seed", "0",
+            # A fixed pool (small next to RAM) rather than a share of free host memory: the bytes per token
+            # stay exact (the server reports the pool in GiB to 3 decimals) and the run fits a shared machine.
+            "--max-total-tokens", "40000",
         ]  # fmt: skip
         with open(self.log, "w") as fh:
             self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
@@ -91,10 +96,14 @@ def measure(kv_cache_dtype: str, ids: list[int], prompts: list[list[int]], args)
         )  # fmt: skip
         logprobs = [lp for lp, _t, _s in out["meta_info"]["input_token_logprobs"] if lp is not None]
         ppl = math.exp(-sum(logprobs) / len(logprobs))
+        ci = logprobs[: args.ci_tokens - 1]
+        ppl_ci = math.exp(-sum(ci) / len(ci))
         t1 = time.monotonic()
-        outs = server.post(
-            "/generate", {"input_ids": prompts, "sampling_params": {"max_new_tokens": args.new, "temperature": 0}}
-        )
+        outs = []
+        if not args.ppl_only:
+            outs = server.post(
+                "/generate", {"input_ids": prompts, "sampling_params": {"max_new_tokens": args.new, "temperature": 0}}
+            )
         t2 = time.monotonic()
         info = requests.get(server.url + "/server_info", timeout=60).json()
         kv_gib = info["internal_states"][0]["memory_usage"]["kvcache"]
@@ -103,6 +112,8 @@ def measure(kv_cache_dtype: str, ids: list[int], prompts: list[list[int]], args)
             "kv_cache_dtype": kv_cache_dtype,
             "ppl": ppl,
             "scored_tokens": len(logprobs),
+            "ppl_ci_window": ppl_ci,
+            "ci_scored_tokens": len(ci),
             "outputs": [o["output_ids"] for o in outs],
             "bytes_per_token": kv_gib * (1 << 30) / tokens,
             "max_total_num_tokens": tokens,
@@ -113,15 +124,23 @@ def measure(kv_cache_dtype: str, ids: list[int], prompts: list[list[int]], args)
         server.stop()
 
 
-def agreement(outputs: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:
-    exact = sum(o == r for o, r in zip(outputs, reference, strict=True)) / len(reference)
-    prefix = []
+def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
+    """Token-level agreement of greedy outputs with the reference outputs (same prompts, same lengths asked)."""
+    same = total = 0
+    first_divergence = []
     for o, r in zip(outputs, reference, strict=True):
+        total += len(r)
+        same += sum(a == b for a, b in zip(o, r))
         n = 0
         while n < min(len(o), len(r)) and o[n] == r[n]:
             n += 1
-        prefix.append(n / len(r))
-    return exact, sum(prefix) / len(prefix)
+        first_divergence.append(n)
+    return {
+        "tokens_identical": same / total,
+        "prompts_identical": sum(o == r for o, r in zip(outputs, reference, strict=True)) / len(reference),
+        "first_divergence_mean": sum(first_divergence) / len(first_divergence),
+        "first_divergence": first_divergence,
+    }
 
 
 def main() -> None:
@@ -130,7 +149,9 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--ci-tokens", type=int, default=1152, help="first tokens scored by the CI perplexity test")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--ppl-only", action="store_true", help="perplexity and bytes only, no greedy batch")
     args = ap.parse_args()
 
     tok = AutoTokenizer.from_pretrained(default_model_dir())
@@ -146,18 +167,26 @@ def main() -> None:
             results.append({"kv_cache_dtype": dtype, "error": str(exc)})
         print(json.dumps({k: v for k, v in results[-1].items() if k != "outputs"}), flush=True)
 
+    if args.ppl_only:
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
+        return
     base = next(r for r in results if r["kv_cache_dtype"] == "bf16" and "error" not in r)
-    print(f"\n| KV | bytes/token | capacity vs bf16 | PPL | dPPL vs bf16 | greedy exact | greedy prefix |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\n| KV | bytes/token | capacity vs bf16 | PPL ({base['scored_tokens']} tok) | dPPL | "
+          f"PPL ({base['ci_scored_tokens']} tok) | dPPL | tokens identical | prompts identical | first divergence |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
             print(f"| {r['kv_cache_dtype']} | failed: {r['error'][:80]} |")
             continue
-        exact, prefix = agreement(r["outputs"], base["outputs"])
-        r["greedy_exact"], r["greedy_prefix"] = exact, prefix
+        r.update(agreement(r["outputs"], base["outputs"]))
         print(
-            f"| {r['kv_cache_dtype']} | {r['bytes_per_token']:.0f} | x{base['bytes_per_token'] / r['bytes_per_token']:.2f} "
-            f"| {r['ppl']:.4f} | {(r['ppl'] / base['ppl'] - 1) * 100:+.2f}% | {exact * 100:.0f}% | {prefix * 100:.1f}% |"
+            f"| {r['kv_cache_dtype']} | {r['bytes_per_token']:.0f} "
+            f"| x{base['bytes_per_token'] / r['bytes_per_token']:.2f} "
+            f"| {r['ppl']:.4f} | {(r['ppl'] / base['ppl'] - 1) * 100:+.2f}% "
+            f"| {r['ppl_ci_window']:.4f} | {(r['ppl_ci_window'] / base['ppl_ci_window'] - 1) * 100:+.2f}% "
+            f"| {r['tokens_identical'] * 100:.1f}% | {r['prompts_identical'] * 100:.0f}% "
+            f"| {r['first_divergence_mean']:.1f} of {args.new} |"
         )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))

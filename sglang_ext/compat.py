@@ -22,6 +22,29 @@ _LAZY = {
     "CpuDeviceMixin": "sglang.srt.platforms.cpu:CpuDeviceMixin",  # CPU device ops: psutil memory, gloo
     # Internal: base class of the CPU HiCache host pool.
     "MHATokenToKVPoolHost": "sglang.srt.mem_cache.pool_host.mha:MHATokenToKVPoolHost",
+    # Runtime context accessors (kvcache/ reads the parallel layout, features, speculative config, backends).
+    "get_parallel": "sglang.srt.runtime_context:get_parallel",
+    "get_exec": "sglang.srt.runtime_context:get_exec",
+    "get_spec": "sglang.srt.runtime_context:get_spec",
+    "attention_backends": "sglang.srt.runtime_context:attention_backends",
+    # Internal: the compressed KV pool (kvcache/pool.py) subclasses the MHA device pool and overrides or reads
+    # its _create_buffers, _build_kv_buffer_descs, _init_data_ptrs_and_strides, _init_kv_copy_and_warmup,
+    # _clear_buffers, _pd_registerable_tensors, _get_key_buffer, _get_value_buffer, _move_kv_cache_impl,
+    # _check_physical_write_loc, _kv_buffer_descs, _kv_copy_config, memory_saver_adapter,
+    # layer_transfer_counter, kv_cache_layout, post_capture_active.
+    "MHATokenToKVPool": "sglang.srt.mem_cache.memory_pool:MHATokenToKVPool",
+    "KvBufferDesc": "sglang.srt.mem_cache.memory_pool:KvBufferDesc",
+    "KVWriteLoc": "sglang.srt.mem_cache.memory_pool:KVWriteLoc",
+    "unwrap_write_loc": "sglang.srt.mem_cache.memory_pool:unwrap_write_loc",
+    "GPU_MEMORY_TYPE_KV_CACHE": "sglang.srt.constants:GPU_MEMORY_TYPE_KV_CACHE",
+    # Internal: attention backends the compressed-KV backends subclass (kvcache/torch_backend.py reads
+    # token_to_kv_pool, req_to_token_pool; kvcache/triton_backend.py reads forward_metadata (qo_indptr,
+    # kv_indptr, kv_indices, custom_mask, mask_indptr, max_extend_len, num_kv_splits), max_kv_splits,
+    # page_size, dcp_size, use_mla, enable_deterministic) and the layer/batch enums they test.
+    "TorchNativeAttnBackend": "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend",
+    "TritonAttnBackend": "sglang.srt.layers.attention.triton_backend:TritonAttnBackend",
+    "AttentionType": "sglang.srt.layers.radix_attention:AttentionType",
+    "ForwardMode": "sglang.srt.model_executor.forward_batch_info:ForwardMode",
 }
 
 # Hook targets (dotted paths into SGLang internals).
@@ -39,6 +62,15 @@ LLAMA_MODULE = "sglang.srt.models.llama"
 HOOK_LLAMA_INIT = "sglang.srt.models.llama.LlamaForCausalLM.__init__"
 HOOK_LLAMA_LOAD_WEIGHTS = "sglang.srt.models.llama.LlamaForCausalLM.load_weights"
 LLAMA_EMBED_WEIGHT_NAME = "model.embed_tokens.weight"
+# KV cache decisions (kvcache/hooks.py): the --kv-cache-dtype string -> (name, dtype); pool configuration (start-up
+# checks run before it); bytes per token for memory sizing; the MHA device pool; the full-attention backend.
+HOOK_CONFIGURE_KV_CACHE_DTYPE = "sglang.srt.mem_cache.kv_cache_dtype.configure_kv_cache_dtype"
+HOOK_KV_CACHE_CONFIGURE = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
+HOOK_POOL_CELL_SIZE = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size"
+HOOK_BUILD_MHA_KV_POOL = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_mha_kv_pool"
+HOOK_BUILD_FULL_ATTENTION_BACKEND = (
+    "sglang.srt.model_executor.model_runner_components.attention_backend_setup._build_full_attention_backend_from_str"
+)
 # Resolves the parsed server arguments once, in the launcher, before anything is loaded: start-up checks run here.
 HOOK_SERVER_ARGS_RESOLVE = "sglang.srt.server_args.ServerArgs.resolve_once"
 

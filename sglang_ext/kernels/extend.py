@@ -27,14 +27,15 @@ BLOCK_N = {64: 64, 128: 64, 256: 32}
 
 @triton.jit
 def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v_scales,
-                   qo_indptr, kv_indptr, kv_indices, sm_scale,
+                   qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, sm_scale,
                    stride_q_t, stride_q_h, stride_ke_t, stride_ke_h, stride_ve_t, stride_ve_h,
                    stride_o_t, stride_o_h,
                    stride_kc_slot, stride_kc_head, stride_ks_slot, stride_ks_head,
                    stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
                    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, K_N4: tl.constexpr, V_N4: tl.constexpr, NB: tl.constexpr,
-                   IS_CAUSAL: tl.constexpr, LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr, LUT: tl.constexpr):
+                   IS_CAUSAL: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr, LOGIT_CAP: tl.constexpr,
+                   DOT_BF16: tl.constexpr, LUT: tl.constexpr):
     # One program: BLOCK_M new tokens x all GROUP q heads of one KV head, as rows r = token * BLOCK_G + head,
     # so every prefix tile is read and decoded once per KV head and query block, not once per q head.
     batch = tl.program_id(0)
@@ -79,7 +80,11 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v
                 acc3 * rescale[:, None], v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
                 slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT)
         # stage 2: the new tokens at full precision (already in the attention basis)
-        if IS_CAUSAL:
+        if USE_CUSTOM_MASK:
+            mask_start = tl.load(mask_indptr + batch).to(tl.int64)
+            mask_row = prefix_len + ext_len
+            ext_end = ext_len
+        elif IS_CAUSAL:
             ext_end = tl.minimum((block_m + 1) * BLOCK_M, ext_len)
         else:
             ext_end = ext_len
@@ -92,7 +97,10 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v
             if LOGIT_CAP > 0:
                 qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
             keep = mask_n[None, :]
-            if IS_CAUSAL:
+            if USE_CUSTOM_MASK:
+                bits = custom_mask + mask_start + offs_m[:, None] * mask_row + prefix_len + offs_n[None, :]
+                keep = keep & (tl.load(bits, mask=mask_r[:, None] & mask_n[None, :], other=0) != 0)
+            elif IS_CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             qk = tl.where(keep, qk, float("-inf"))
             n_max = tl.maximum(tl.max(qk, 1), e_max)
@@ -113,12 +121,17 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, max_len_extend: int, sm_scale: float,
                      is_causal: bool = True, page_size: int = 1, logit_cap: float = 0.0,
                      block_m: int | None = None, block_n: int | None = None, dot_bf16: bool | None = None,
-                     num_warps: int = 8, num_stages: int | None = None, lut: int | None = None) -> torch.Tensor:
+                     num_warps: int = 8, num_stages: int | None = None, lut: int | None = None,
+                     custom_mask: torch.Tensor | None = None, mask_indptr: torch.Tensor | None = None) -> torch.Tensor:
     """q_extend/o_extend [T, Hq, D], k_extend/v_extend [T, Hkv, D]; qo_indptr [B+1] over T; kv_indptr [B+1]
     and kv_indices: each request's prefix slots (token-level ids; page_size as in decode.py).
     max_len_extend must be >= every request's new-token count. dot_bf16, lut: as in decode_attention.
     block_m: new tokens per program (None: ROWS_PER_PROGRAM[d] / the group size rounded up to a power of 2);
     block_n: prefix / new tokens per iteration (None: BLOCK_N[d]).
+    custom_mask / mask_indptr (speculative verify, tree drafts): SGLang's layout, request b's row-major bool
+    block [m_b, l_b + m_b] at mask_indptr[b]; it replaces the causal mask among the new tokens. Its prefix
+    columns are not read: every query sees its whole prefix (as with SGLang's skip_prefix_custom_mask, the
+    default of its Triton extend kernel; verify masks always have them set).
     Writes every row of o_extend; returns it."""
     check_planes(fmt, planes)
     t, hq, d = q_extend.shape
@@ -132,6 +145,9 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     assert hq % h_kv == 0, f"q heads {hq} not a multiple of kv heads {h_kv}"
     assert qo_indptr.dim() == 1 and kv_indptr.shape == qo_indptr.shape, (qo_indptr.shape, kv_indptr.shape)
     assert page_size >= 1, page_size
+    if custom_mask is not None:
+        assert custom_mask.dtype in (torch.bool, torch.uint8) and custom_mask.dim() == 1, custom_mask.dtype
+        assert mask_indptr is not None and mask_indptr.shape == qo_indptr.shape, "custom_mask needs mask_indptr [B+1]"
     batch = qo_indptr.shape[0] - 1
     if batch == 0 or t == 0:
         return o_extend
@@ -156,13 +172,16 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     bf16_dots = use_bf16_dots(q_extend, dot_bf16)
     launch_opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     grid = (batch, h_kv, triton.cdiv(max(int(max_len_extend), 1), block_m))
+    use_mask = custom_mask is not None
+    mask_bits = custom_mask.view(torch.uint8) if use_mask else qo_indptr
     _extend_kernel[grid](
-        q_in, k_in, v_in, out, kc, ks, vc, vs, qo_indptr, kv_indptr, kv_indices, sm_scale,
+        q_in, k_in, v_in, out, kc, ks, vc, vs, qo_indptr, kv_indptr, kv_indices, mask_bits,
+        mask_indptr if use_mask else qo_indptr, sm_scale,
         q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1), v_in.stride(0), v_in.stride(1),
         out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1), vs.stride(0), vs.stride(1),
         FMT=kind, GROUP=group, BLOCK_G=block_g, BLOCK_M=block_m, BLOCK_N=block_n, K_N4=k_n4, V_N4=v_n4,
-        NB=d // 64, IS_CAUSAL=bool(is_causal), LOGIT_CAP=float(logit_cap),
+        NB=d // 64, IS_CAUSAL=bool(is_causal), USE_CUSTOM_MASK=use_mask, LOGIT_CAP=float(logit_cap),
         DOT_BF16=bf16_dots, LUT=level_decode(q_extend, bf16_dots, lut), **launch_opts)
     if fmt.rotated:
         rotate_rows(out, o_extend, rotation.V_TENSOR, True)

@@ -13,21 +13,15 @@ from __future__ import annotations
 
 import logging
 
-# compat (sglang 0.5.23)
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
-
+from sglang_ext import compat
 from sglang_ext.kvcache.formats import KV_CACHE_DTYPES, SUPPORTED_ATTENTION_BACKENDS, is_compressed_kv_dtype
 
-# compat (sglang 0.5.23): hook targets, dotted paths of SGLang internals
-_T_ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
-_T_CONFIGURE_DTYPE = "sglang.srt.mem_cache.kv_cache_dtype.configure_kv_cache_dtype"
-_T_CONFIGURE_POOLS = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
-_T_CELL_SIZE = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size"
-_T_BUILD_MHA_POOL = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_mha_kv_pool"
-_T_BUILD_ATTENTION = (
-    "sglang.srt.model_executor.model_runner_components.attention_backend_setup._build_full_attention_backend_from_str"
-)
+_T_ADD_CLI_ARGS = compat.HOOK_SERVER_ARGS_ADD_CLI_ARGS
+_T_CONFIGURE_DTYPE = compat.HOOK_CONFIGURE_KV_CACHE_DTYPE
+_T_CONFIGURE_POOLS = compat.HOOK_KV_CACHE_CONFIGURE
+_T_CELL_SIZE = compat.HOOK_POOL_CELL_SIZE
+_T_BUILD_MHA_POOL = compat.HOOK_BUILD_MHA_KV_POOL
+_T_BUILD_ATTENTION = compat.HOOK_BUILD_FULL_ATTENTION_BACKEND
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +73,7 @@ def _compute_cell_size(original, self, kvc, num_layers, *args, **kwargs):
         return original(self, kvc, num_layers, *args, **kwargs)
     from sglang_ext.kvcache.support import kv_format_for
 
-    parallel = get_parallel()
+    parallel = compat.get_parallel()
     kv_heads = kvc.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
     fmt = kv_format_for(kvc)
     cell_size = kv_heads * num_layers * fmt.bytes_per_token_head
@@ -93,7 +87,7 @@ def _build_mha_kv_pool(original, self, *args, **kwargs):
     from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
     from sglang_ext.kvcache.support import kv_format_for
 
-    parallel = get_parallel()
+    parallel = compat.get_parallel()
     mc = self.model_config
     return CompressedMHATokenToKVPool(
         kwargs["max_total_num_tokens"],
@@ -104,11 +98,11 @@ def _build_mha_kv_pool(original, self, *args, **kwargs):
         v_head_dim=mc.v_head_dim,
         layer_num=self.layer_info.num_effective_layers,
         device=self.device,
-        enable_memory_saver=get_exec().features.enable_memory_saver,
+        enable_memory_saver=compat.get_exec().features.enable_memory_saver,
         start_layer=self.layer_info.start_layer,
         end_layer=self.layer_info.end_layer,
         enable_alt_stream=False,
-        enable_kv_cache_copy=get_spec().speculative_algorithm is not None,
+        enable_kv_cache_copy=compat.get_spec().speculative_algorithm is not None,
         kv_format=kv_format_for(self),
     )
 
@@ -138,10 +132,10 @@ def _build_attention_backend(original, *args, **kwargs):
 
 def register() -> list[str]:
     """Register the hooks (HookRegistry applies them after all plugins ran). Returns what was registered."""
-    HookRegistry.register(_T_ADD_CLI_ARGS, _extend_kv_cache_dtype_flag, HookType.AFTER)
-    HookRegistry.register(_T_CONFIGURE_DTYPE, _configure_kv_cache_dtype, HookType.AROUND)
-    HookRegistry.register(_T_CONFIGURE_POOLS, _check_before_configure, HookType.BEFORE)
-    HookRegistry.register(_T_CELL_SIZE, _compute_cell_size, HookType.AROUND)
-    HookRegistry.register(_T_BUILD_MHA_POOL, _build_mha_kv_pool, HookType.AROUND)
-    HookRegistry.register(_T_BUILD_ATTENTION, _build_attention_backend, HookType.AROUND)
+    compat.HookRegistry.register(_T_ADD_CLI_ARGS, _extend_kv_cache_dtype_flag, compat.HookType.AFTER)
+    compat.HookRegistry.register(_T_CONFIGURE_DTYPE, _configure_kv_cache_dtype, compat.HookType.AROUND)
+    compat.HookRegistry.register(_T_CONFIGURE_POOLS, _check_before_configure, compat.HookType.BEFORE)
+    compat.HookRegistry.register(_T_CELL_SIZE, _compute_cell_size, compat.HookType.AROUND)
+    compat.HookRegistry.register(_T_BUILD_MHA_POOL, _build_mha_kv_pool, compat.HookType.AROUND)
+    compat.HookRegistry.register(_T_BUILD_ATTENTION, _build_attention_backend, compat.HookType.AROUND)
     return [f"kv-cache-dtype {'/'.join(KV_CACHE_DTYPES)}"]

@@ -10,18 +10,11 @@ from __future__ import annotations
 
 import torch
 
-# compat (sglang 0.5.23): MHATokenToKVPool internals this subclass overrides or reads --
-#   methods _create_buffers, _build_kv_buffer_descs, _init_data_ptrs_and_strides, _init_kv_copy_and_warmup,
-#   _clear_buffers, _pd_registerable_tensors, _get_key_buffer, _get_value_buffer, _move_kv_cache_impl,
-#   _check_physical_write_loc; attributes _kv_buffer_descs, _kv_copy_config, memory_saver_adapter,
-#   layer_transfer_counter, kv_cache_layout, post_capture_active.
-from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
-from sglang.srt.mem_cache.memory_pool import KvBufferDesc, MHATokenToKVPool, unwrap_write_loc
-
+from sglang_ext import compat
 from sglang_ext.kvformats.base import KVFormat
 
 
-class CompressedMHATokenToKVPool(MHATokenToKVPool):
+class CompressedMHATokenToKVPool(compat.MHATokenToKVPool):
     """MHATokenToKVPool whose layer storage is `kv_format`'s planes.
 
     `layer_planes(layer_id)` -> {plane name: [size + page_size, head_num, *tail]}; the pool owns them.
@@ -49,7 +42,7 @@ class CompressedMHATokenToKVPool(MHATokenToKVPool):
                 f"--kv-cache-dtype {self.kv_format.name} needs the NHD KV layout, got {self.kv_cache_layout!r}"
             )
         num_slots = self.size + self.page_size
-        with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
+        with self.memory_saver_adapter.region(compat.GPU_MEMORY_TYPE_KV_CACHE):
             self._layer_planes = [
                 self.kv_format.allocate(num_slots, self.head_num, self.device) for _ in range(self.layer_num)
             ]
@@ -71,7 +64,9 @@ class CompressedMHATokenToKVPool(MHATokenToKVPool):
         for layer, planes in enumerate(self._layer_planes):
             for name, plane in planes.items():
                 row_bytes = plane[0].numel() * plane.element_size()
-                descs.append(KvBufferDesc(f"{name}{layer}", tuple(plane.shape), row_bytes=row_bytes, tokens_per_row=1))
+                descs.append(
+                    compat.KvBufferDesc(f"{name}{layer}", tuple(plane.shape), row_bytes=row_bytes, tokens_per_row=1)
+                )
         return descs
 
     def _all_planes(self) -> list[torch.Tensor]:
@@ -148,7 +143,7 @@ class CompressedMHATokenToKVPool(MHATokenToKVPool):
         """Quantize cache_k/cache_v [N, head_num, head_dim] into this layer's planes at slots `loc` [N]."""
         if dcp_kv_mask is not None:
             raise NotImplementedError(f"--kv-cache-dtype {self.kv_format.name} does not support decode context parallelism")
-        loc, _, _ = unwrap_write_loc(loc_info)
+        loc, _, _ = compat.unwrap_write_loc(loc_info)
         self._check_physical_write_loc(loc_info, f"set_kv_buffer ({self.kv_format.name})")
         layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
         planes = self._layer_planes[layer_id - self.start_layer]

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import os
 
-# compat (sglang 0.5.23): runtime_context accessors and KVCacheConfigurator fields read here -- model_config,
-#   kv_cache_dtype_str, use_mla_backend, is_hybrid_swa, mambaish_config, server_args (the flags listed below).
-from sglang.srt.runtime_context import attention_backends, get_parallel
-
+from sglang_ext import compat
 from sglang_ext.kvcache.formats import SUPPORTED_ATTENTION_BACKENDS, resolve_kv_format, rotary_dim_of
 from sglang_ext.kvformats.base import KVFormat
 
@@ -57,7 +54,7 @@ def check_supported(kvc) -> KVFormat:
             f"{flag} supports models whose every layer is full attention; {model} is a hybrid "
             "(sliding-window or linear-attention) model"
         )
-    prefill, decode = attention_backends()
+    prefill, decode = compat.attention_backends()
     for phase, backend in (("prefill", prefill), ("decode", decode)):
         if backend is not None and backend not in SUPPORTED_ATTENTION_BACKENDS:
             raise ValueError(
@@ -69,12 +66,7 @@ def check_supported(kvc) -> KVFormat:
         value = getattr(server_args, attr, off)
         if value not in (off, None):
             raise ValueError(f"{flag} does not support {what} yet; run without it or with --kv-cache-dtype auto")
-    topk = getattr(server_args, "speculative_eagle_topk", None)
-    if getattr(server_args, "speculative_algorithm", None) and topk not in (None, 1):
-        raise ValueError(
-            f"{flag} supports speculative decoding with chain drafts only (--speculative-eagle-topk 1), got {topk}"
-        )
-    if get_parallel().attn_dcp_size > 1:
+    if compat.get_parallel().attn_dcp_size > 1:
         raise ValueError(f"{flag} does not support decode context parallelism (--dcp-size > 1) yet")
     if os.environ.get("SGLANG_USE_HND_KVCACHE", "").lower() in ("1", "true"):
         raise ValueError(f"{flag} needs the NHD KV layout; unset SGLANG_USE_HND_KVCACHE")

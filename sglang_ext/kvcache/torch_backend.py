@@ -1,7 +1,9 @@
 """CPU attention over a compressed pool: SGLang's torch_native backend with its pool reads replaced.
 
-Per forward step `init_forward_metadata` lists the slots each sequence reads (a `BatchPlan`); per layer the
-format's torch reference attention gathers the planes at those slots only, dequantizes them and attends.
+Per forward step `init_forward_metadata` lists the slots each sequence reads (a `BatchPlan`, padded into a
+`PaddedBatch` for decode, target verify and draft extend); per layer the planes are gathered at those slots
+only, dequantized and attended: for the whole batch in one call (`batched_attention`), or per request for
+prefill chunks (the format's torch reference). Target verify takes SGLang's custom mask (tree drafts).
 New extend tokens attend to their own K/V as computed (not the stored codes), the cached prefix is read back
 from the pool, exactly as the Triton kernels do on GPU, so CPU runs measure what GPU serving computes.
 """
@@ -10,14 +12,9 @@ from __future__ import annotations
 
 import torch
 
-# compat (sglang 0.5.23): TorchNativeAttnBackend attributes read here -- token_to_kv_pool, req_to_token_pool;
-#   ForwardBatch fields forward_mode, req_pool_indices, seq_lens_cpu, extend_prefix_lens_cpu, extend_seq_lens_cpu,
-#   out_cache_loc.
-from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-from sglang.srt.layers.radix_attention import AttentionType
-from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-
+from sglang_ext import compat
 from sglang_ext.kvcache.batch_plan import BatchPlan, plan_decode, plan_extend
+from sglang_ext.kvcache.batched_attention import PaddedBatch, batched_attention, pad_batch
 from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
 from sglang_ext.kvformats import reference
 
@@ -25,7 +22,7 @@ from sglang_ext.kvformats import reference
 def check_layer_supported(layer, fmt_name: str, backend: str) -> None:
     """Raise for attention features the compressed-KV kernels do not implement."""
     problems = []
-    if layer.is_cross_attention or layer.attn_type != AttentionType.DECODER:
+    if layer.is_cross_attention or layer.attn_type != compat.AttentionType.DECODER:
         problems.append(f"attention type {layer.attn_type}")
     if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
         problems.append(f"sliding window {layer.sliding_window_size}")
@@ -45,8 +42,16 @@ def logit_cap_of(layer) -> float:
     return float(layer.logit_cap) if layer.logit_cap and layer.logit_cap > 0 else 0.0
 
 
-class CompressedTorchNativeAttnBackend(TorchNativeAttnBackend):
-    """torch_native for `CompressedMHATokenToKVPool`: decode and extend (incl. mixed chunks) on any device."""
+def _host_list(host: list | torch.Tensor | None, device_tensor: torch.Tensor) -> list[int]:
+    """A per-request length list, from SGLang's host copy when it made one."""
+    if host is None:
+        return device_tensor.tolist()
+    return host.tolist() if isinstance(host, torch.Tensor) else list(host)
+
+
+class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
+    """torch_native for `CompressedMHATokenToKVPool` on any device: decode, extend (incl. mixed chunks), target verify
+    (chain and tree drafts), draft extend."""
 
     def __init__(self, model_runner):
         super().__init__(model_runner)
@@ -56,29 +61,46 @@ class CompressedTorchNativeAttnBackend(TorchNativeAttnBackend):
         self.kv_pool = pool
         self.kv_format = pool.kv_format
         self.plan: BatchPlan | None = None
+        self.padded: PaddedBatch | None = None
         self._checked_layers: set[int] = set()
 
     def init_forward_metadata(self, forward_batch):
         super().init_forward_metadata(forward_batch)
         mode = forward_batch.forward_mode
         req_to_token = self.req_to_token_pool.req_to_token
+        self.plan = self.padded = None
         if mode.is_idle():
-            self.plan = None
-        elif mode.is_decode():
-            self.plan = plan_decode(
-                req_to_token, forward_batch.req_pool_indices.tolist(), forward_batch.seq_lens_cpu.tolist()
-            )
-        elif mode.is_extend() and not mode.is_target_verify():
+            return
+        req_pool_indices = forward_batch.req_pool_indices.tolist()
+        if mode.is_decode():
+            seq_lens = _host_list(forward_batch.seq_lens_cpu, forward_batch.seq_lens)
+            self.plan = plan_decode(req_to_token, req_pool_indices, seq_lens)
+            self.padded = pad_batch(self.plan, new_tokens=False)
+        elif mode.is_target_verify():
+            # seq_lens counts the cached tokens only; each request's draft tokens come in with the call.
+            spec_info = forward_batch.spec_info
+            prefix_lens = _host_list(forward_batch.seq_lens_cpu, forward_batch.seq_lens)
+            num_draft = int(spec_info.num_tokens_per_req)
+            self.plan = plan_extend(req_to_token, req_pool_indices, prefix_lens, [num_draft] * len(prefix_lens))
+            custom_mask = getattr(spec_info, "custom_mask", None)
+            mask_indptr = None
+            if custom_mask is not None:
+                block = num_draft * (torch.tensor(prefix_lens, dtype=torch.int64) + num_draft)
+                mask_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(block, 0)])
+            self.padded = pad_batch(self.plan, new_tokens=True, custom_mask=custom_mask, mask_indptr=mask_indptr)
+        elif mode.is_extend(include_draft_extend_v2=True):
             self.plan = plan_extend(
                 req_to_token,
-                forward_batch.req_pool_indices.tolist(),
-                list(forward_batch.extend_prefix_lens_cpu),
-                list(forward_batch.extend_seq_lens_cpu),
+                req_pool_indices,
+                _host_list(forward_batch.extend_prefix_lens_cpu, forward_batch.extend_prefix_lens),
+                _host_list(forward_batch.extend_seq_lens_cpu, forward_batch.extend_seq_lens),
             )
+            if mode.is_draft_extend_v2():
+                # Every request extends by the same few draft tokens: pad and run the batch at once.
+                self.padded = pad_batch(self.plan, new_tokens=True)
         else:
             raise NotImplementedError(
-                f"--kv-cache-dtype {self.kv_format.name} on torch_native: forward mode {mode.name} is not "
-                "supported (speculative decoding needs the triton backend)"
+                f"--kv-cache-dtype {self.kv_format.name} on torch_native: forward mode {mode.name} is not supported"
             )
 
     def _check(self, layer) -> None:
@@ -87,7 +109,7 @@ class CompressedTorchNativeAttnBackend(TorchNativeAttnBackend):
             self._checked_layers.add(layer.layer_id)
 
     def _store(self, layer, forward_batch, k, v) -> None:
-        self.kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc), k, v)
+        self.kv_pool.set_kv_buffer(layer, compat.KVWriteLoc(forward_batch.out_cache_loc), k, v)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         self._check(layer)
@@ -97,13 +119,21 @@ class CompressedTorchNativeAttnBackend(TorchNativeAttnBackend):
         v3 = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
         if save_kv_cache:
             self._store(layer, forward_batch, k3, v3)
+        q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        planes = self.kv_pool.layer_planes(layer.layer_id)
+        if self.padded is not None:
+            o = batched_attention(
+                self.kv_format, q3, planes, self.padded, layer.scaling, logit_cap_of(layer), k_new=k3, v_new=v3
+            )
+            return o.to(q.dtype).reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+        # Prefill chunks differ widely in length: per request, so padding never multiplies the work.
         plan = self.plan
         o = reference.extend_attention(
             self.kv_format,
-            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
+            q3,
             k3,
             v3,
-            self.kv_pool.layer_planes(layer.layer_id),
+            planes,
             plan.qo_indptr,
             plan.kv_indptr,
             plan.kv_indices,
@@ -121,14 +151,12 @@ class CompressedTorchNativeAttnBackend(TorchNativeAttnBackend):
                 k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
                 v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
             )
-        plan = self.plan
-        o = reference.decode_attention(
+        o = batched_attention(
             self.kv_format,
             q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
             self.kv_pool.layer_planes(layer.layer_id),
-            plan.kv_indptr,
-            plan.kv_indices,
+            self.padded,
             layer.scaling,
-            logit_cap=logit_cap_of(layer),
+            logit_cap_of(layer),
         )
         return o.to(q.dtype).reshape(-1, layer.tp_q_head_num * layer.v_head_dim)

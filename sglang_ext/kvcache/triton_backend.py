@@ -3,9 +3,9 @@
 Everything per batch (kv_indptr / kv_indices / qo_indptr, CUDA-graph buffers, split-KV sizing) is
 TritonAttnBackend's own metadata; only the per-layer calls change: the pool's store kernel writes new K/V,
 `sglang_ext.kernels.decode_attention` / `extend_attention` read the format's planes at kv_indices.
-Target verify (speculative decoding) runs through the causal extend kernel, which is exact for chain drafts
-(`--speculative-eagle-topk 1`); tree drafts need a custom mask the kernels do not take, and are refused at
-start-up by `support.check_supported`.
+Speculative decoding: target verify runs through the extend kernel with SGLang's custom mask when the batch
+has one (tree drafts, NGRAM), causally otherwise (chain drafts); draft extend (DRAFT_EXTEND_V2) is an extend
+whose kv lists cover the prefix only, which TritonAttnBackend's metadata already gives.
 Only compile-checked on this project's CPU CI; the kernels themselves are tested against the torch reference.
 """
 
@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import torch
 
-# compat (sglang 0.5.23): TritonAttnBackend attributes read here -- forward_metadata (qo_indptr, kv_indptr,
-#   kv_indices, max_extend_len, num_kv_splits), max_kv_splits, page_size, dcp_size, use_mla, enable_deterministic,
-#   token_to_kv_pool.
-from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-
+from sglang_ext import compat
 from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
 from sglang_ext.kvcache.torch_backend import check_layer_supported, logit_cap_of
 
 
-class CompressedTritonAttnBackend(TritonAttnBackend):
-    """TritonAttnBackend for `CompressedMHATokenToKVPool`: decode, extend, mixed and chain target-verify."""
+class CompressedTritonAttnBackend(compat.TritonAttnBackend):
+    """TritonAttnBackend for `CompressedMHATokenToKVPool`: decode, extend, mixed, target verify, draft extend."""
 
     def __init__(self, model_runner, *args, **kwargs):
         super().__init__(model_runner, *args, **kwargs)
@@ -50,7 +45,7 @@ class CompressedTritonAttnBackend(TritonAttnBackend):
             self._checked_layers.add(layer.layer_id)
 
     def _store(self, layer, forward_batch, k, v) -> None:
-        self.kv_pool.set_kv_buffer(layer, KVWriteLoc.for_batch(forward_batch), k, v)
+        self.kv_pool.set_kv_buffer(layer, compat.KVWriteLoc.for_batch(forward_batch), k, v)
 
     def forward_extend(
         self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None, aux_tensors=None
@@ -66,6 +61,7 @@ class CompressedTritonAttnBackend(TritonAttnBackend):
             self._store(layer, forward_batch, k3, v3)
         o = torch.empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
         md = self.forward_metadata
+        verify_mask = md.custom_mask if forward_batch.forward_mode.is_target_verify() else None
         extend_attention(
             self.kv_format,
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
@@ -81,6 +77,8 @@ class CompressedTritonAttnBackend(TritonAttnBackend):
             is_causal=True,
             page_size=self.page_size,
             logit_cap=logit_cap_of(layer),
+            custom_mask=verify_mask,
+            mask_indptr=md.mask_indptr if verify_mask is not None else None,
         )
         return o
 

@@ -73,6 +73,12 @@ class KVFormat(ABC):
     def dequantize(self, planes: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Planes of N tokens -> (k, v) float32 [N, H, D] in the original (unrotated) basis."""
 
+    def dequantize_rotated_kv(self, planes: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Planes of N tokens -> (k, v) float32 [N, H, D] in the attention basis (k in rotate_k's, v in
+        rotate_v's): what attention needs when it rotates q once and un-rotates its output once, instead of
+        un-rotating every row. The original basis unless `rotated`."""
+        return self.dequantize(planes)
+
     def rotate_k(self, x: torch.Tensor) -> torch.Tensor:
         """The basis attention scores are computed in (identity unless `rotated`). float32 out."""
         return x.to(torch.float32)

@@ -125,7 +125,11 @@ class OctaveFormat(KVFormat):
             off += nbytes
         return torch.cat(out, dim=-1)
 
-    def dequantize(self, planes):
+    def dequantize_rotated_kv(self, planes):
         k = self.dequantize_rotated(planes["k_codes"], planes["k_scales"], self.k_bits)
         v = self.dequantize_rotated(planes["v_codes"], planes["v_scales"], self.v_bits)
+        return k, v
+
+    def dequantize(self, planes):
+        k, v = self.dequantize_rotated_kv(planes)
         return rotation.unrotate(k, rotation.K_TENSOR), rotation.unrotate(v, rotation.V_TENSOR)

@@ -54,10 +54,15 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
 def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tensor, v_extend: torch.Tensor,
                      planes: dict[str, torch.Tensor], qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
                      kv_indices: torch.Tensor, sm_scale: float, is_causal: bool = True,
-                     logit_cap: float = 0.0) -> torch.Tensor:
+                     logit_cap: float = 0.0, custom_mask: torch.Tensor | None = None,
+                     mask_indptr: torch.Tensor | None = None) -> torch.Tensor:
     """New tokens of each request attend to its compressed prefix (read from planes through kv_indices, which
     cover the prefix only) and to the new tokens themselves, taken at full precision from k_extend/v_extend
     (as SGLang's extend does), causally when is_causal.
+
+    custom_mask (speculative verify with tree drafts) replaces the causal mask: SGLang's layout, for request b
+    a row-major bool block [m_b, l_b + m_b] at mask_indptr[b] (columns: its l_b prefix slots, then its m_b
+    new tokens; True = attend). A query that sees no key gets a zero output.
 
     q_extend [T, Hq, D], k_extend/v_extend [T, Hkv, D], qo_indptr [B+1] over T -> o float32 [T, Hq, D].
     """
@@ -78,8 +83,14 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
         v = torch.cat([vp, v_extend[q0:q1].float()])
         m, lp = q1 - q0, slots.numel()
         mask = None
-        if is_causal:
+        if custom_mask is not None:
+            start = int(mask_indptr[b])
+            mask = custom_mask[start:start + m * (lp + m)].view(m, lp + m).to(torch.bool)
+        elif is_causal:
             cols = torch.arange(lp + m, device=q_extend.device)
             mask = cols[None, :] <= (lp + torch.arange(m, device=q_extend.device))[:, None]
-        o[q0:q1] = _attend(q_extend[q0:q1].float(), k, v, sm_scale, logit_cap, mask)
+        out = _attend(q_extend[q0:q1].float(), k, v, sm_scale, logit_cap, mask)
+        if mask is not None:
+            out = torch.where(mask.any(dim=1)[:, None, None], out, torch.zeros_like(out))
+        o[q0:q1] = out
     return o

@@ -141,3 +141,46 @@ def test_bf16_dot_operands_stay_close(name, device):
     ref = reference.extend_attention(fmt, qe, ke, ke, planes, qo, kvp, flat.to(device), 256 ** -0.5)
     err = ((oe - ref).norm() / ref.norm()).item()
     assert err < 2e-2, f"{name}: bf16-operand extend rel error {err}"
+
+
+def _tree_verify_mask(prefix_lens, num_draft, gen):
+    """SGLang's target-verify mask for random draft trees (flat bool, and its per-request offsets): each draft
+    token sees the whole prefix, itself and its ancestors."""
+    blocks = []
+    for lp in prefix_lens:
+        parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, num_draft)]
+        block = torch.zeros(num_draft, lp + num_draft, dtype=torch.bool)
+        block[:, :lp] = True
+        for i in range(num_draft):
+            j = i
+            while j >= 0:
+                block[i, lp + j] = True
+                j = parent[j]
+        blocks.append(block.flatten())
+    return torch.cat(blocks), indptr([b.numel() for b in blocks], "cpu")
+
+
+@pytest.mark.parametrize("name", ["int8", "octave_k3v4", "octave_k3v3"])
+def test_tree_verify_custom_mask_matches_reference(name, device):
+    # Tree drafts (--speculative-eagle-topk > 1): the verify mask replaces the causal one among the draft tokens;
+    # 20 drafts with 16-row blocks so the mask spans several query and key blocks.
+    fmt = get_format(name, 64, None)
+    gen = torch.Generator().manual_seed(5)
+    prefix, num_draft = [30, 9], 20
+    planes, flat = _pool(fmt, prefix, 1, 3, gen, device)
+    t = num_draft * len(prefix)
+    q = torch.randn(t, 6, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
+    ke = torch.randn(t, 3, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
+    ve = torch.randn(t, 3, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
+    qo, kvp = indptr([num_draft] * len(prefix), device), indptr(prefix, device)
+    mask, mask_indptr = _tree_verify_mask(prefix, num_draft, gen)
+    mask, mask_indptr = mask.to(device), mask_indptr.to(device)
+    o = torch.full((t, 6, 64), float("nan"), dtype=torch.float32, device=device)
+    extend_attention(fmt, q, ke, ve, o, planes, qo, kvp, flat.to(device), num_draft, 0.125, block_m=16, block_n=16,
+                     dot_bf16=False, custom_mask=mask, mask_indptr=mask_indptr)
+    ref = reference.extend_attention(fmt, q, ke, ve, planes, qo, kvp, flat.to(device), 0.125, custom_mask=mask,
+                                     mask_indptr=mask_indptr)
+    causal = reference.extend_attention(fmt, q, ke, ve, planes, qo, kvp, flat.to(device), 0.125)
+    assert (causal - ref).abs().max().item() > 1e-3, "this tree equals the causal mask: the test could not fail"
+    err = (o - ref).abs().max().item()
+    assert err < 1e-4, f"{name}: tree-masked verify differs from the reference by {err}"

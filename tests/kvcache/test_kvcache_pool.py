@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sglang_ext import compat
 from sglang_ext.kvcache import hooks, support
 from sglang_ext.kvcache.batch_plan import plan_decode, plan_extend
 from sglang_ext.kvcache.formats import KV_CACHE_DTYPES, resolve_kv_format
@@ -90,7 +91,7 @@ def test_pool_refuses_dense_reads():
 
 @pytest.mark.parametrize("name", KV_CACHE_DTYPES)
 def test_cell_size_uses_the_format_bytes(name, monkeypatch):
-    monkeypatch.setattr(hooks, "get_parallel", lambda: SimpleNamespace(attn_tp_size=1, attn_dcp_size=1))
+    monkeypatch.setattr(compat, "get_parallel", lambda: SimpleNamespace(attn_tp_size=1, attn_dcp_size=1))
     kvc = SimpleNamespace(
         kv_cache_dtype_str=name,
         model_config=SimpleNamespace(
@@ -156,15 +157,15 @@ def fake_configurator(**overrides):
     ],
 )  # fmt: skip
 def test_startup_refusals_name_what_is_supported(overrides, backends, message, monkeypatch):
-    monkeypatch.setattr(support, "attention_backends", lambda: backends)
-    monkeypatch.setattr(support, "get_parallel", lambda: SimpleNamespace(attn_dcp_size=1))
+    monkeypatch.setattr(compat, "attention_backends", lambda: backends)
+    monkeypatch.setattr(compat, "get_parallel", lambda: SimpleNamespace(attn_dcp_size=1))
     with pytest.raises(ValueError, match=message):
         support.check_supported(fake_configurator(**overrides))
 
 
 def test_supported_setup_passes(monkeypatch):
-    monkeypatch.setattr(support, "attention_backends", lambda: ("torch_native", "torch_native"))
-    monkeypatch.setattr(support, "get_parallel", lambda: SimpleNamespace(attn_dcp_size=1))
+    monkeypatch.setattr(compat, "attention_backends", lambda: ("torch_native", "torch_native"))
+    monkeypatch.setattr(compat, "get_parallel", lambda: SimpleNamespace(attn_dcp_size=1))
     assert support.check_supported(fake_configurator()).name == "octave_k3v4"
 
 

@@ -1,0 +1,162 @@
+"""Speculative-decoding forward modes through the CPU compressed-KV backend, against dense attention.
+
+A fake SGLang batch (the ForwardBatch / RadixAttention fields the backend reads) drives
+`CompressedTorchNativeAttnBackend` in DECODE, TARGET_VERIFY (chain, and tree drafts with SGLang's custom mask)
+and DRAFT_EXTEND_V2 over a real compressed pool. The oracle is dense softmax attention computed here with
+torch SDPA: the cached prefix dequantized from the pool, the new tokens at full precision.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang_ext import compat
+from sglang_ext.kvcache.formats import KV_CACHE_DTYPES
+from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
+from sglang_ext.kvcache.torch_backend import CompressedTorchNativeAttnBackend
+from sglang_ext.kvformats import get_format
+
+H_KV, GROUP, DIM, SIZE, REQ_WIDTH = 3, 3, 64, 700, 120
+SCALE = DIM**-0.5
+
+
+def make_backend(name: str, gen: torch.Generator):
+    pool = CompressedMHATokenToKVPool(
+        SIZE, page_size=1, dtype=torch.float32, head_num=H_KV, head_dim=DIM, layer_num=1, device="cpu",
+        enable_memory_saver=False, v_head_dim=DIM, start_layer=0, end_layer=0, enable_alt_stream=False,
+        enable_kv_cache_copy=True, kv_format=get_format(name, DIM, DIM),
+    )  # fmt: skip
+    # 5 request rows of shuffled slots, so sequences interleave in the pool.
+    req_to_token = (torch.randperm(SIZE, generator=gen)[: 5 * REQ_WIDTH] + 1).view(5, REQ_WIDTH)
+    runner = SimpleNamespace(
+        device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=pool
+    )
+    return CompressedTorchNativeAttnBackend(runner), pool, req_to_token
+
+
+LAYER = SimpleNamespace(
+    layer_id=0, tp_q_head_num=H_KV * GROUP, tp_k_head_num=H_KV, tp_v_head_num=H_KV, qk_head_dim=DIM, v_head_dim=DIM,
+    scaling=SCALE, logit_cap=0.0, logit_capping_method=None, is_cross_attention=False,
+    attn_type=None, sliding_window_size=None,
+)  # fmt: skip
+
+
+def fill_prefix(pool, req_to_token, reqs, lens, gen):
+    slots = torch.cat([req_to_token[r, :n] for r, n in zip(reqs, lens, strict=True)])
+    k = torch.randn(slots.numel(), H_KV, DIM, generator=gen)
+    v = torch.randn(slots.numel(), H_KV, DIM, generator=gen)
+    pool.set_kv_buffer(LAYER, slots, k, v)
+
+
+def dense_attention(pool, slots, q, k_new, v_new, mask):
+    """q [M, Hq, D]; keys = dequantized pool rows at slots, then k_new; mask [M, L + M] bool (True = attend)."""
+    fmt = pool.kv_format
+    kp, vp = fmt.dequantize({n: t[slots] for n, t in pool.layer_planes(0).items()})
+    k = torch.cat([kp, k_new.float()]).transpose(0, 1)  # [Hkv, S, D]
+    v = torch.cat([vp, v_new.float()]).transpose(0, 1)
+    o = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1), k, v, attn_mask=mask[None], scale=SCALE, enable_gqa=True
+    )  # fmt: skip
+    return o.transpose(0, 1)
+
+
+def tree_block(lp, num_draft, gen) -> torch.Tensor:
+    """Verify mask of one request: prefix visible, each draft sees itself and its ancestors in a random tree."""
+    parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, num_draft)]
+    block = torch.zeros(num_draft, lp + num_draft, dtype=torch.bool)
+    block[:, :lp] = True
+    for i in range(num_draft):
+        j = i
+        while j >= 0:
+            block[i, lp + j] = True
+            j = parent[j]
+    return block
+
+
+def run_new_tokens(backend, pool, req_to_token, mode, reqs, prefix_lens, num_new, gen, tree=False):
+    """One forward_extend call in `mode` with num_new new tokens per request; returns (output, expected)."""
+    fill_prefix(pool, req_to_token, reqs, prefix_lens, gen)
+    t = num_new * len(reqs)
+    q = torch.randn(t, H_KV * GROUP, DIM, generator=gen)
+    k = torch.randn(t, H_KV, DIM, generator=gen)
+    v = torch.randn(t, H_KV, DIM, generator=gen)
+    out_loc = torch.cat([req_to_token[r, n : n + num_new] for r, n in zip(reqs, prefix_lens, strict=True)])
+    causal = [torch.cat([torch.ones(num_new, lp, dtype=torch.bool), torch.ones(num_new, num_new).tril().bool()], 1)
+              for lp in prefix_lens]  # fmt: skip
+    blocks = [tree_block(lp, num_new, gen) for lp in prefix_lens] if tree else causal
+    lens = torch.tensor(prefix_lens)
+    fb = SimpleNamespace(
+        forward_mode=mode, req_pool_indices=torch.tensor(reqs), out_cache_loc=out_loc,
+        seq_lens=lens, seq_lens_cpu=lens,
+        extend_prefix_lens=lens, extend_prefix_lens_cpu=prefix_lens,
+        extend_seq_lens=torch.full((len(reqs),), num_new), extend_seq_lens_cpu=[num_new] * len(reqs),
+        spec_info=SimpleNamespace(num_tokens_per_req=num_new,
+                                  custom_mask=torch.cat([b.flatten() for b in blocks]) if tree else None),
+    )  # fmt: skip
+    backend.init_forward_metadata(fb)
+    o = backend.forward_extend(q.view(t, -1), k.view(t, -1), v.view(t, -1), LAYER, fb).view(t, H_KV * GROUP, DIM)
+    expected = []
+    for i, (r, lp) in enumerate(zip(reqs, prefix_lens, strict=True)):
+        rows = slice(i * num_new, (i + 1) * num_new)
+        expected.append(dense_attention(pool, req_to_token[r, :lp], q[rows], k[rows], v[rows], blocks[i]))
+    stored = pool.kv_format.quantize(k, v)
+    for n, plane in pool.layer_planes(0).items():
+        assert torch.equal(plane[out_loc], stored[n]), f"new tokens' plane {n} not stored at out_cache_loc"
+    return o, torch.cat(expected), causal
+
+
+@pytest.fixture(autouse=True)
+def decoder_layer():
+    LAYER.attn_type = compat.AttentionType.DECODER
+
+
+@pytest.mark.parametrize("name", KV_CACHE_DTYPES)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_target_verify_equals_dense_attention(name, tree):
+    gen = torch.Generator().manual_seed(7)
+    backend, pool, req_to_token = make_backend(name, gen)
+    o, expected, _ = run_new_tokens(
+        backend, pool, req_to_token, compat.ForwardMode.TARGET_VERIFY, [3, 0, 4], [50, 7, 101], 8, gen, tree=tree
+    )
+    err = float((o - expected).abs().max())
+    assert err < 1e-4, f"{name} verify ({'tree' if tree else 'chain'}): max |backend - dense| {err:.2e}"
+
+
+@pytest.mark.parametrize("name", ["int8", "octave_k3v4"])
+def test_draft_extend_v2_equals_dense_attention(name):
+    gen = torch.Generator().manual_seed(8)
+    backend, pool, req_to_token = make_backend(name, gen)
+    o, expected, _ = run_new_tokens(
+        backend, pool, req_to_token, compat.ForwardMode.DRAFT_EXTEND_V2, [1, 2], [33, 64], 4, gen
+    )
+    err = float((o - expected).abs().max())
+    assert err < 1e-4, f"{name} draft extend: max |backend - dense| {err:.2e}"
+
+
+@pytest.mark.parametrize("name", ["int8", "octave_k3v3"])
+def test_decode_batch_equals_dense_attention(name):
+    gen = torch.Generator().manual_seed(9)
+    backend, pool, req_to_token = make_backend(name, gen)
+    reqs, seq_lens = [4, 1, 0, 2], [9, 118, 1, 60]
+    fill_prefix(pool, req_to_token, reqs, [n - 1 for n in seq_lens], gen)
+    q = torch.randn(len(reqs), H_KV * GROUP, DIM, generator=gen)
+    k = torch.randn(len(reqs), H_KV, DIM, generator=gen)
+    v = torch.randn(len(reqs), H_KV, DIM, generator=gen)
+    lens = torch.tensor(seq_lens)
+    out_loc = torch.stack([req_to_token[r, n - 1] for r, n in zip(reqs, seq_lens, strict=True)])
+    fb = SimpleNamespace(forward_mode=compat.ForwardMode.DECODE, req_pool_indices=torch.tensor(reqs),
+                         seq_lens=lens, seq_lens_cpu=lens, out_cache_loc=out_loc)  # fmt: skip
+    backend.init_forward_metadata(fb)
+    o = backend.forward_decode(q.view(len(reqs), -1), k.view(len(reqs), -1), v.view(len(reqs), -1), LAYER, fb)
+    o = o.view(len(reqs), H_KV * GROUP, DIM)
+    for i, (r, n) in enumerate(zip(reqs, seq_lens, strict=True)):
+        # The new token was stored first and is read back from the pool like every other key.
+        empty = torch.zeros(0, H_KV, DIM)
+        sees_all = torch.ones(1, n, dtype=torch.bool)
+        want = dense_attention(pool, req_to_token[r, :n], q[i : i + 1], empty, empty, sees_all)
+        err = float((o[i] - want[0]).abs().max())
+        assert err < 1e-4, f"{name} decode request {i} (len {n}): max |backend - dense| {err:.2e}"
