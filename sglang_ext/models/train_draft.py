@@ -41,11 +41,11 @@ def default_draft_dir() -> Path:
 @dataclass
 class DraftTrainConfig:
     minutes: float = 20.0
-    heldout_prompts: int = 32
-    heldout_new_tokens: int = 96
-    corpus_new_tokens: int = 128
+    heldout_prompts: int = 16
+    heldout_new_tokens: int = 80
+    corpus_new_tokens: int = 96
     corpus_batch_prompts: int = 16
-    corpus_share: float = 0.35  # of the budget, held-out generation included
+    corpus_share: float = 0.4  # of the budget, held-out generation included; at least one batch is generated
     train_end_share: float = 0.93  # training stops here; the rest is the acceptance measurement and the writer
     batch_sequences: int = 8
     lr: float = 1e-3
@@ -137,7 +137,8 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
     train_prompts = prompts(TRAIN_TOPICS, tokenizer, len(TRAIN_TOPICS) * 11, config.seed)
     corpus: list[Sequence] = []
     batch_index = 0
-    while elapsed() < config.corpus_share * budget and (batch_index + 1) * config.corpus_batch_prompts <= len(train_prompts):
+    while (batch_index == 0 or elapsed() < config.corpus_share * budget) and \
+            (batch_index + 1) * config.corpus_batch_prompts <= len(train_prompts):
         if config.max_corpus_batches is not None and batch_index >= config.max_corpus_batches:
             break
         chunk = train_prompts[batch_index * config.corpus_batch_prompts:(batch_index + 1) * config.corpus_batch_prompts]
@@ -147,7 +148,7 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
         tokens = sum(len(s.tokens) for s in corpus)
         log(f"[train-draft] corpus: {len(corpus)} sequences, {tokens} tokens ({elapsed():.0f} s)")
     if not corpus:
-        raise RuntimeError("the time budget ended before one corpus batch was generated; raise --minutes")
+        raise RuntimeError("the corpus is empty: every generated continuation was shorter than 4 tokens")
     seconds["corpus"] = elapsed()
     del model
 
