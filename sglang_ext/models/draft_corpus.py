@@ -70,8 +70,9 @@ def hidden_and_greedy(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 @torch.no_grad()
 def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
-             seed: int) -> list[Sequence]:
+             seed: int) -> list[Sequence | None]:
     """Continue each prompt with the base model (temperature 0 = greedy) and record hidden states.
+    Returns one entry per prompt, None where fewer than 4 continuation tokens remain.
 
     A greedy sequence is cut where a full forward pass disagrees with the incremental generation about the
     greedy token (a rare float tie), so every continuation token of a greedy sequence is the model's own
@@ -106,6 +107,6 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
             mismatch = (greedy[i, len(p) - 1:end - 1] != r[len(p):]).nonzero()
             if len(mismatch):
                 end = len(p) + int(mismatch[0])
-        if end - len(p) >= 4:
-            sequences.append(Sequence(r[:end], hidden[i, :end].clone(), greedy[i, :end].clone(), len(p)))
+        keep = end - len(p) >= 4
+        sequences.append(Sequence(r[:end], hidden[i, :end].clone(), greedy[i, :end].clone(), len(p)) if keep else None)
     return sequences

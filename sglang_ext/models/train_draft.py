@@ -41,15 +41,17 @@ def default_draft_dir() -> Path:
 @dataclass
 class DraftTrainConfig:
     minutes: float = 20.0
-    heldout_prompts: int = 16
-    heldout_new_tokens: int = 80
-    corpus_new_tokens: int = 96
-    corpus_batch_prompts: int = 16
+    heldout_prompts: int = 16  # generated greedily in the same batch as the first corpus batch
+    new_tokens: int = 96
+    # Large batches: generation time on a CPU is dominated by per-step overhead, not by the batch size.
+    corpus_batch_prompts: int = 48
     corpus_share: float = 0.4  # of the budget, held-out generation included; at least one batch is generated
     train_end_share: float = 0.93  # training stops here; the rest is the acceptance measurement and the writer
     batch_sequences: int = 8
     lr: float = 1e-3
     warmup_steps: int = 10
+    ce_fraction: float = 0.25  # share of positions whose cross-entropy is computed each step (the lm_head product
+    #                            dominates the cost of a step); the hidden match covers every position
     sample_temperature: float = 0.8  # every other corpus batch is sampled, the others greedy
     draft_steps: int = 3
     seed: int = 0
@@ -92,14 +94,18 @@ def collate(sequences: list[Sequence]) -> dict[str, torch.Tensor]:
     return {"tokens": tokens, "hidden": hidden, "target_mask": target_mask}
 
 
-def mtp_loss(mtp: MtpLayer, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cross-entropy on token t+2, relative squared error to the target hidden at t+1), over target_mask."""
+def mtp_loss(mtp: MtpLayer, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict, ce_fraction: float = 1.0,
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cross-entropy on token t+2 over a random `ce_fraction` of the target_mask positions, at least one;
+    relative squared error to the target hidden at t+1 over all of them)."""
     tokens, hidden, mask = batch["tokens"], batch["hidden"], batch["target_mask"]
     length = tokens.shape[1]
     positions = torch.arange(length - 1).expand(tokens.shape[0], -1)
     out, _ = mtp(hidden[:, :-1], embed[tokens[:, 1:]], positions)
     selected = out[:, :-1][mask]  # [N, H]: outputs whose token t+2 is a continuation token
-    ce = F.cross_entropy(selected @ lm_head.T, tokens[:, 2:][mask])
+    n = selected.shape[0]
+    rows = torch.randperm(n, generator=generator)[:max(1, round(n * ce_fraction))] if ce_fraction < 1 else slice(None)
+    ce = F.cross_entropy(selected[rows] @ lm_head.T, tokens[:, 2:][mask][rows])
     target_hidden = hidden[:, 1:-1][mask]
     hidden_err = (selected - target_hidden).pow(2).mean() / target_hidden.pow(2).mean()
     return ce, hidden_err
@@ -129,12 +135,9 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
     lm_head = model.get_output_embeddings().weight.detach()
     log(f"[train-draft] loaded {base_dir} in {elapsed():.0f} s; budget {config.minutes:g} min")
 
-    heldout = generate(model, tokenizer, prompts(HELDOUT_TOPICS, tokenizer, config.heldout_prompts, config.seed),
-                       config.heldout_new_tokens, temperature=0.0, seed=config.seed)
-    seconds["heldout"] = elapsed()
-    log(f"[train-draft] held-out: {len(heldout)} greedy continuations ({elapsed():.0f} s)")
-
+    heldout_prompts = prompts(HELDOUT_TOPICS, tokenizer, config.heldout_prompts, config.seed)
     train_prompts = prompts(TRAIN_TOPICS, tokenizer, len(TRAIN_TOPICS) * 11, config.seed)
+    heldout: list[Sequence] = []
     corpus: list[Sequence] = []
     batch_index = 0
     while (batch_index == 0 or elapsed() < config.corpus_share * budget) and \
@@ -143,10 +146,17 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
             break
         chunk = train_prompts[batch_index * config.corpus_batch_prompts:(batch_index + 1) * config.corpus_batch_prompts]
         temperature = config.sample_temperature if batch_index % 2 else 0.0
-        corpus += generate(model, tokenizer, chunk, config.corpus_new_tokens, temperature, seed=config.seed + batch_index)
+        if batch_index == 0:  # the held-out prompts ride along with the first (greedy) batch
+            chunk = heldout_prompts + chunk
+        generated = generate(model, tokenizer, chunk, config.new_tokens, temperature, seed=config.seed + batch_index)
+        if batch_index == 0:
+            heldout = [s for s in generated[:len(heldout_prompts)] if s is not None]
+            generated = generated[len(heldout_prompts):]
+        corpus += [s for s in generated if s is not None]
         batch_index += 1
         tokens = sum(len(s.tokens) for s in corpus)
-        log(f"[train-draft] corpus: {len(corpus)} sequences, {tokens} tokens ({elapsed():.0f} s)")
+        log(f"[train-draft] corpus: {len(corpus)} sequences, {tokens} tokens; held-out: {len(heldout)} "
+            f"greedy continuations ({elapsed():.0f} s)")
     if not corpus:
         raise RuntimeError("the corpus is empty: every generated continuation was shorter than 4 tokens")
     seconds["corpus"] = elapsed()
@@ -160,6 +170,7 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
 
     optimizer = torch.optim.AdamW(mtp.parameters(), lr=config.lr, weight_decay=0.0)
     rng = random.Random(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
     order: list[int] = []
     losses = []
     train_start = elapsed()
@@ -177,7 +188,7 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
         lr = config.lr * min(1.0, (step + 1) / config.warmup_steps) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
         for group in optimizer.param_groups:
             group["lr"] = lr
-        ce, hidden_err = mtp_loss(mtp, embed, lm_head, batch)
+        ce, hidden_err = mtp_loss(mtp, embed, lm_head, batch, config.ce_fraction, generator)
         optimizer.zero_grad()
         (ce + HIDDEN_MATCH_WEIGHT * hidden_err).backward()
         optimizer.step()

@@ -13,7 +13,7 @@ from sglang_ext.models.train_draft import DraftTrainConfig, train_draft
 
 def test_tiny_training_run_lowers_the_loss_and_writes_a_measured_checkpoint(model_dir, tmp_path):
     torch.set_num_threads(2)
-    config = DraftTrainConfig(minutes=30, heldout_prompts=2, heldout_new_tokens=12, corpus_new_tokens=16,
+    config = DraftTrainConfig(minutes=30, heldout_prompts=2, new_tokens=16,
                               corpus_batch_prompts=4, max_corpus_batches=1, max_train_steps=16, batch_sequences=4,
                               lr=1e-3, warmup_steps=2)
     lines = []
