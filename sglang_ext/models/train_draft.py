@@ -1,8 +1,8 @@
 """`train-draft`: train the MiMo MTP draft layer of the built-in model on CPU from its own generated text.
 
-Time-budgeted phases: held-out greedy continuations (fixed size), a training corpus of greedy and sampled
-continuations (until `corpus_share` of the budget), training (until `train_end_share`), then the acceptance
-measurement and the checkpoint. The MTP layer starts from `fixed_seed_mtp_weights` (the base model's last
+Time-budgeted phases: a training corpus of greedy and sampled continuations (until `corpus_share` of the
+budget; the fixed held-out prompts are continued greedily in the first batch), training (until
+`train_end_share`), then the checkpoint and the acceptance measured on it. The MTP layer starts from `fixed_seed_mtp_weights` (the base model's last
 layer); embeddings and lm_head are the base model's, frozen, as NEXTN shares them with the target.
 """
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from sglang_ext.env import ext_home
 from sglang_ext.models.builtin import DEFAULT_MODEL_NAME, ModelPrepareError, default_model_dir
-from sglang_ext.models.draft_acceptance import Acceptance, measure
+from sglang_ext.models.draft_acceptance import measure
 from sglang_ext.models.draft_corpus import HELDOUT_TOPICS, TRAIN_TOPICS, Sequence, generate, prompts
 from sglang_ext.models.mtp_checkpoint import (
     fixed_seed_mtp_weights,
@@ -227,4 +227,4 @@ def _fmt(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.3f}" for v in values) + "]"
 
 
-__all__ = ["Acceptance", "DraftTrainConfig", "DraftTrainResult", "default_draft_dir", "train_draft"]
+__all__ = ["DraftTrainConfig", "DraftTrainResult", "default_draft_dir", "train_draft"]
