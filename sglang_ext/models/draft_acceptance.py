@@ -1,0 +1,94 @@
+"""Greedy chain-draft simulation: the accept length an MTP layer would reach under NEXTN, in plain torch.
+
+At a verified position t the target has hidden state h_t and its greedy next token x_{t+1}. Draft step 1 runs
+the MTP on (h_t, x_{t+1}) at position t, over the draft KV of (h_j, x_{j+1}) for every j < t, and proposes
+d_1 for x_{t+2}; step s runs on (MTP output of step s-1, d_{s-1}) at position t+s-1 and proposes d_s.
+The verify round accepts the longest prefix of d_1..d_k equal to the target's greedy tokens, plus the target's
+own next token: accept length = 1 + matched drafts (what SGLang's server reports as accept length).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang_ext.models.draft_corpus import Sequence
+from sglang_ext.models.mtp_layer import MtpLayer
+
+
+def accept_length(drafts: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """drafts, targets: [..., k] token ids. Returns [...] int64: 1 + length of the longest matching prefix."""
+    return (drafts == targets).long().cumprod(-1).sum(-1) + 1
+
+
+def decode_walk(accept_lengths: list[int]) -> list[int]:
+    """The verify rounds greedy decoding goes through: starting at position 0, each round at position t accepts
+    accept_lengths[t] tokens and the next round starts that many positions later. Returns the rounds' lengths."""
+    rounds, t = [], 0
+    while t < len(accept_lengths):
+        rounds.append(accept_lengths[t])
+        t += accept_lengths[t]
+    return rounds
+
+
+@torch.no_grad()
+def chain_drafts(mtp: MtpLayer, embed: torch.Tensor, lm_head: torch.Tensor, seq: Sequence,
+                 steps: int) -> torch.Tensor:
+    """Draft tokens for every position of `seq` at once. embed, lm_head: [vocab, H].
+
+    Returns drafts [T-1, steps]: row t holds d_1..d_steps proposed after verifying up to x_{t+1}, with the draft
+    KV filled from the target's hidden states of positions 0..t (as SGLang's draft extend fills it).
+    """
+    n = len(seq.tokens) - 1
+    positions = torch.arange(n)[None]
+    out, base_kv = mtp(seq.hidden[None, :n], embed[seq.tokens[1:]][None], positions)
+    drafts = [(out[0] @ lm_head.T).argmax(-1)]
+    past_k, past_v = [base_kv[0]], [base_kv[1]]
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    own = torch.eye(n, dtype=torch.bool)
+    for step in range(1, steps):
+        # query t sees the target-filled KV of positions <= t and its own chain's earlier draft steps
+        mask = torch.cat([causal] + [own] * step, dim=1)
+        out, kv = mtp(out, embed[drafts[-1]][None], positions + step,
+                      past_kv=(torch.cat(past_k, dim=2), torch.cat(past_v, dim=2)), mask=mask)
+        drafts.append((out[0] @ lm_head.T).argmax(-1))
+        past_k.append(kv[0])
+        past_v.append(kv[1])
+    return torch.stack(drafts, dim=-1)
+
+
+@dataclass
+class Acceptance:
+    mean_accept_length: float  # per verify round, walking the sequence as greedy decoding would
+    rounds: int
+    per_step_match: list[float]  # over every position: fraction where drafts 1..s all match, s = 1..steps
+    positions: int
+
+
+def measure(mtp: MtpLayer, embed: torch.Tensor, lm_head: torch.Tensor, sequences: list[Sequence],
+            steps: int = 3) -> Acceptance:
+    """Accept length of greedy NEXTN decoding with `steps` draft tokens over the continuations of `sequences`.
+
+    Every sequence must be a greedy continuation (draft_corpus.generate with temperature 0), so the target's
+    greedy tokens after an accepted prefix are `seq.greedy`. Decoding starts after the prompt, each verify
+    round advances by its accept length, and rounds whose drafts would run past the recorded greedy tokens end
+    the walk.
+    """
+    lengths, prefix_hits, positions = [], torch.zeros(steps), 0
+    for seq in sequences:
+        drafts = chain_drafts(mtp, embed, lm_head, seq, steps)
+        last = len(seq.tokens) - 1 - steps  # targets greedy[t+1 .. t+steps] must exist
+        ts = torch.arange(seq.prompt_len - 1, last + 1)
+        if len(ts) == 0:
+            continue
+        targets = torch.stack([seq.greedy[ts + s] for s in range(1, steps + 1)], dim=-1)
+        matches = accept_length(drafts[ts], targets)
+        for s in range(steps):
+            prefix_hits[s] += (matches > s + 1).sum()
+        positions += len(ts)
+        lengths += decode_walk(matches.tolist())
+    return Acceptance(
+        mean_accept_length=sum(lengths) / max(len(lengths), 1),
+        rounds=len(lengths),
+        per_step_match=(prefix_hits / max(positions, 1)).tolist(),
+        positions=positions,
+    )

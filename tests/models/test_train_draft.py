@@ -1,0 +1,38 @@
+"""train-draft on a tiny budget with the built-in model: the loss falls, the checkpoint is written and
+measured, and a missing model is one clear error."""
+
+import json
+import shutil
+
+import torch
+
+from sglang_ext.models.__main__ import main
+from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_mtp_weights
+from sglang_ext.models.train_draft import DraftTrainConfig, train_draft
+
+
+def test_tiny_training_run_lowers_the_loss_and_writes_a_measured_checkpoint(model_dir, tmp_path):
+    torch.set_num_threads(2)
+    config = DraftTrainConfig(minutes=30, heldout_prompts=2, new_tokens=16,
+                              corpus_batch_prompts=4, max_corpus_batches=1, max_train_steps=16, batch_sequences=4,
+                              lr=1e-3, warmup_steps=2)
+    lines = []
+    result = train_draft(config, base_dir=model_dir, out_dir=tmp_path / "mtp", log=lines.append)
+    assert result.corpus_sequences >= 3 and result.train_steps == 16
+    assert result.loss_last < 0.8 * result.loss_first, f"loss {result.loss_first:.3f} -> {result.loss_last:.3f}"
+    assert any("step 10: loss" in line for line in lines) and any("accept length" in line for line in lines)
+    trained, initial = load_mtp_weights(tmp_path / "mtp"), fixed_seed_mtp_weights(model_dir, config.seed)
+    assert set(trained) == set(initial)
+    assert not torch.equal(trained["input_proj.weight"], initial["input_proj.weight"].to(torch.bfloat16).float())
+    after = result.after
+    assert after["rounds"] > 0 and 1.0 <= after["mean_accept_length"] <= 1 + config.draft_steps
+    saved = json.loads((tmp_path / "mtp" / "draft-training.json").read_text())
+    assert saved["result"]["after"] == after
+    assert json.loads((tmp_path / "mtp" / "config.json").read_text())["architectures"] == ["MiMoForCausalLM"]
+    shutil.rmtree(tmp_path / "mtp")  # 270 MB; pytest keeps the last runs' tmp folders
+
+
+def test_missing_model_tells_to_prepare(tmp_path, capsys):
+    assert main(["train-draft", "--base", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 2
+    assert "python -m sglang_ext.models prepare" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
