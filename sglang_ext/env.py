@@ -18,3 +18,7 @@ CPU_KV_BUDGET_GB = "SGLANG_EXT_CPU_KV_BUDGET_GB"
 
 # SGLang's per-rank CPU binding; the CPU platform fills it for multi-rank (TP/PP) servers when unset.
 CPU_THREADS_BIND = "SGLANG_CPU_OMP_THREADS_BIND"
+
+# Seconds of session retention (`--session-retention-seconds`), exported by the launcher for the scheduler
+# processes, which build the radix cache. Unset or 0: off.
+SESSION_RETENTION_SECONDS = "SGLANG_EXT_SESSION_RETENTION_SECONDS"
