@@ -23,7 +23,7 @@ class ChatSession:
     (its KV is never computed), cut where the re-rendered prompt starts to differ from them.
     """
 
-    def __init__(self, url: str, system_prompt: str, max_tokens: int = 16):
+    def __init__(self, url: str, system_prompt: str, max_tokens: int = 12):
         self.url = url
         self.messages = [{"role": "system", "content": system_prompt}]
         self.max_tokens = max_tokens
