@@ -54,7 +54,7 @@ def history(session: int, context_tokens: int) -> list[dict]:
     system = f"Agent {session}, context {context_tokens}. Tools: read_file, write_file, run_tests. Project notes: "
     return [{"role": "system", "content": system + long_text(words // 2)},
             {"role": "user", "content": f"Session {session}: summarise the notes."},
-            {"role": "assistant", "content": long_text(words // 2)[::-1]}]
+            {"role": "assistant", "content": "Summary of the notes, chapter by chapter. " + long_text(words // 2)}]
 
 
 def chat_turn(url: str, messages: list[dict]) -> dict:
@@ -117,7 +117,11 @@ def run_format(model: str, kv_dtype: str, contexts: list[int], sessions: int) ->
         for (s, c), (msgs, res) in conv.items():
             msgs += [{"role": "assistant", "content": res["host"]["answer"]},
                      {"role": "user", "content": "Turn 4: after a restart, continue."}]
-            res["storage"] = chat_turn(server.url, msgs)
+            try:
+                res["storage"] = chat_turn(server.url, msgs)
+            except requests.RequestException as exc:  # reported in the table, not hidden
+                res["storage"] = {"ttft_s": float("nan"), "cached_tokens": 0, "details": {"error": str(exc)[:200]},
+                                  "load1": os.getloadavg()[0]}
             rows.append({"session": s, "context": c, **{k: res[k] for k in CONDITIONS}})
     finally:
         server.stop()
