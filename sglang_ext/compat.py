@@ -106,6 +106,25 @@ TORCH_NATIVE_ATTN_BACKEND = "sglang.srt.layers.attention.torch_native_backend.To
 # Checkpoint name prefixes SGLang's loaders rewrite before matching parameters: (old, new).
 CKPT_NAME_RENAMES = (("model.language_model.", "model."),)
 
+# --- Agent sessions: session retention (sglang_ext/sessions/) -----------------------------------------------
+# Public registry of radix-cache factories (`--radix-cache-backend <name>`), and the builder of SGLang's default
+# UnifiedRadixCache that our factory calls with its own cache class.
+_LAZY.update({
+    "register_radix_cache_backend": "sglang.srt.mem_cache.registry:register_radix_cache_backend",
+    "registered_radix_cache_backends": "sglang.srt.mem_cache.registry:registered_radix_cache_backends",
+    "create_unified_radix_cache": "sglang.srt.mem_cache.registry:create_unified_radix_cache",
+    "UnifiedRadixCache": "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache",
+    # SGLang's node access counter (stored as `last_access_time` on every radix node).
+    "get_and_increase_time_counter": "sglang.srt.mem_cache.unified_cache.components.base:get_and_increase_time_counter",
+})
+# The pure-Python TreeCore: its eviction walks read `tree_core.eviction_strategy.get_priority(node)` for device
+# leaves and host leaves (`unified_cache/components/full.py`); the Rust TreeCore orders eviction natively.
+TREE_CORE_BACKEND_PYTHON = "python"
+# UnifiedRadixCache internals the retention cache overrides: the eviction walk behind `evict` and
+# `evict_for_alloc`, and the step that evicts one device leaf (demote if backed up, else drop).
+URC_EVICT_WALK = "_evict"  # (self, params, available_size_targets=None, *, allocation_reclaim_satisfied=None)
+URC_EVICT_DEVICE_LEAF = "_evict_device_leaf"  # (self, node_id, tracker) -> Optional[BackupKV]
+
 
 def set_hicache_host_memory_reserve(nbytes: int) -> None:
     """SGLang keeps 10 GiB of host RAM out of reach of the HiCache host pool (a module constant read at each

@@ -28,3 +28,7 @@ PLE_THREADS = "SGLANG_EXT_PLE_THREADS"
 PLE_CACHE_MB = "SGLANG_EXT_PLE_CACHE_MB"
 # unique rows per staging chunk (default 131072: one 8k-token prefill at 16 rows per token).
 PLE_STAGING_ROWS = "SGLANG_EXT_PLE_STAGING_ROWS"
+
+# Seconds of session retention (`--session-retention-seconds`), exported by the launcher for the scheduler
+# processes, which build the radix cache. Unset or 0: off.
+SESSION_RETENTION_SECONDS = "SGLANG_EXT_SESSION_RETENTION_SECONDS"
