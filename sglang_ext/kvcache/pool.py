@@ -14,7 +14,7 @@ import torch
 #   methods _create_buffers, _build_kv_buffer_descs, _init_data_ptrs_and_strides, _init_kv_copy_and_warmup,
 #   _clear_buffers, _pd_registerable_tensors, _get_key_buffer, _get_value_buffer, _move_kv_cache_impl,
 #   _check_physical_write_loc; attributes _kv_buffer_descs, _kv_copy_config, memory_saver_adapter,
-#   layer_transfer_counter, kv_cache_layout, post_capture_active.
+#   layer_transfer_counter, kv_cache_layout, post_capture_active; _mha_buffer_info (HiCache host-pool input).
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import KvBufferDesc, MHATokenToKVPool, unwrap_write_loc
 
@@ -113,6 +113,16 @@ class CompressedMHATokenToKVPool(MHATokenToKVPool):
         if self.layer_transfer_counter is not None:
             self.layer_transfer_counter.wait_until(layer_id - self.start_layer)
         return self._layer_planes[layer_id - self.start_layer]
+
+    def layer_planes_for_transfer(self) -> list[dict[str, torch.Tensor]]:
+        """Every layer's planes, for HiCache host moves (no wait on the layer-load counter)."""
+        return list(self._layer_planes)
+
+    def _mha_buffer_info(self):
+        # HiCache builds its host pool from this description; its type selects sglang_ext.hicache's host pool.
+        from sglang_ext.hicache.buffer_info import compressed_buffer_info
+
+        return compressed_buffer_info(self)
 
     def _dense_read_error(self):
         return NotImplementedError(
