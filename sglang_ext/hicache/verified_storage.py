@@ -6,8 +6,8 @@
          formats never see each other's pages (upstream #33268 leaves the dtype out of keys).
   set    stores header + payload (`page_envelope.seal`).
   get    reads header + payload and verifies it; a short, unreadable or mismatching page is a miss: one
-         warning line naming the key, the page dropped when the backend can (`discard`), and the caller
-         recomputes it. A page that fails verification is never copied into the host pool.
+         warning line per read call naming the (first) key, the pages dropped when the backend can
+         (`discard`, so the recomputed pages are stored again), and the caller recomputes them. A page that fails verification is never copied into the host pool.
 The zero-copy (`batch_get_v1`/`batch_set_v1`) and multi-pool (`*_v2`) paths bypass page bytes in Python and
 are not wrapped; `hooks.py` only wraps backends on the generic path.
 """
@@ -64,33 +64,52 @@ class VerifiedPageStorage(compat.HiCacheStorage):
 
     def get(self, key, target_location=None, target_sizes=None):
         """Read the page stored under `key` into target_location (a flat page tensor); None = miss."""
+        got, why = self._read(key, target_location)
+        if why is not None:
+            self._reject([(key, why)])
+        return got
+
+    def batch_get(self, keys, target_locations=None, target_sizes=None):
+        results, rejected = [], []
+        for key, target in zip(keys, target_locations, strict=True):
+            got, why = self._read(key, target)
+            results.append(got)
+            if why is not None:
+                rejected.append((key, why))
+        if rejected:
+            self._reject(rejected)
+        return results
+
+    def _read(self, key, target_location):
+        """(target_location filled, None) for a verified page, (None, None) for an absent one, (None, why) else."""
         target = target_location.view(-1)
         payload_nbytes = target.numel() * target.element_size()
         envelope = torch.empty(envelope_nbytes(payload_nbytes), dtype=torch.uint8)
         try:
             got = self.inner.get(self.key_for(key), envelope)
         except OSError as exc:  # e.g. HiCacheFile's short read of a truncated file
-            self._reject(key, f"unreadable ({exc})")
-            return None
+            return None, f"unreadable ({exc})"
         if got is None:
-            return None
+            return None, None
         try:
             payload = open_envelope(self.namespace, key, got, payload_nbytes)
         except PageIntegrityError as exc:
-            self._reject(key, str(exc))
-            return None
+            return None, str(exc)
         target.view(torch.uint8).copy_(payload)
-        return target_location
+        return target_location, None
 
-    def _reject(self, key: str, why: str) -> None:
-        self.rejected_pages += 1
-        logger.warning("sglang-ext HiCache storage: page %s rejected: %s; treated as a miss and recomputed", key, why)
+    def _reject(self, rejected: list[tuple[str, str]]) -> None:
+        """One warning line per call (naming the first key), and drop the bad pages where the backend can."""
+        self.rejected_pages += len(rejected)
+        key, why = rejected[0]
+        more = f" (and {len(rejected) - 1} more pages of this batch)" if len(rejected) > 1 else ""
+        logger.warning(
+            "sglang-ext HiCache storage: page %s rejected: %s%s; treated as a miss and recomputed", key, why, more
+        )
         discard = getattr(self.inner, "discard", None)
         if discard is not None:
-            discard(self.key_for(key))
-
-    def batch_get(self, keys, target_locations=None, target_sizes=None):
-        return [self.get(key, target) for key, target in zip(keys, target_locations, strict=True)]
+            for bad_key, _ in rejected:
+                discard(self.key_for(bad_key))
 
     def set(self, key, value=None, target_location=None, target_sizes=None) -> bool:
         return self.inner.set(self.key_for(key), seal(self.namespace, key, value))

@@ -18,25 +18,30 @@ from sglang_ext.kvcache.formats import KV_CACHE_DTYPES
 from sglang_ext.kvformats import get_format
 
 HEADS, DIM, LAYERS, DEVICE_SLOTS, HOST_SLOTS, PAGE = 3, 64, 2, 24, 32, 4
+# The CUDA path (pinned host planes, device planes on the GPU) runs where a GPU is present.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def device_planes(fmt, seed: int) -> list[dict[str, torch.Tensor]]:
+def device_planes(fmt, seed: int, device: str = "cpu") -> list[dict[str, torch.Tensor]]:
     """Per-layer planes holding real quantized K/V (random codes and scales of the format's dtypes)."""
     g = torch.Generator().manual_seed(seed)
     layers = []
     for _ in range(LAYERS):
         k = torch.randn(DEVICE_SLOTS, HEADS, DIM, generator=g)
         v = torch.randn(DEVICE_SLOTS, HEADS, DIM, generator=g)
-        layers.append(fmt.quantize(k, v))
+        layers.append({n: p.to(device) for n, p in fmt.quantize(k, v).items()})
     return layers
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", host_pages.HOST_LAYOUTS)
 @pytest.mark.parametrize("name", KV_CACHE_DTYPES)
-def test_backup_then_load_is_bit_exact_in_every_layout(name, layout):
+def test_backup_then_load_is_bit_exact_in_every_layout(name, layout, device):
     fmt = get_format(name, DIM, DIM)
-    src = device_planes(fmt, seed=1)
-    host = host_pages.allocate_host_planes(fmt.plane_specs(), layout, LAYERS, HOST_SLOTS, PAGE, HEADS, pin=False)
+    src = device_planes(fmt, seed=1, device=device)
+    host = host_pages.allocate_host_planes(
+        fmt.plane_specs(), layout, LAYERS, HOST_SLOTS, PAGE, HEADS, pin=device == "cuda"
+    )
     for plane in host.values():
         plane.zero_()
     device_idx = torch.tensor([5, 6, 7, 8, 20, 21, 22, 23])
@@ -48,6 +53,8 @@ def test_backup_then_load_is_bit_exact_in_every_layout(name, layout):
     for layer in range(LAYERS):
         assert not torch.equal(dst[layer]["k_codes"][back_to], src[layer]["k_codes"][device_idx])
         host_pages.load_layer(host, dst[layer], layout, layer, host_idx, back_to, PAGE)
+    if device == "cuda":
+        torch.cuda.synchronize()
     untouched = torch.ones(DEVICE_SLOTS, dtype=torch.bool)
     untouched[back_to] = False
     for layer in range(LAYERS):
