@@ -20,14 +20,16 @@ from sglang_ext import compat
 logger = logging.getLogger(__name__)
 
 
-def _host_pool_cls(original, buffer_info, *args, **kwargs):
+def _host_pool_cls(chosen, buffer_info, *args, **kwargs):
+    # AFTER hook: SGLang (or the CPU platform's AROUND hook, which passes our classes through) has chosen a
+    # dense pool class for this info; a compressed pool's info gets ours instead. None keeps SGLang's choice.
     from sglang_ext.hicache.buffer_info import CompressedMHABufferInfo
 
     if isinstance(buffer_info, CompressedMHABufferInfo):
         from sglang_ext.hicache.host_pool import CompressedMHAHostPool
 
         return CompressedMHAHostPool
-    return original(buffer_info, *args, **kwargs)
+    return None
 
 
 def is_zero_copy_backend(backend_name: str, storage_config) -> bool:
@@ -83,6 +85,6 @@ def _create_backend(original, cls, backend_name, storage_config, mem_pool_host, 
 
 
 def register() -> list[str]:
-    compat.HookRegistry.register(compat.HOOK_GET_MHA_HOST_POOL_CLS, _host_pool_cls, compat.HookType.AROUND)
+    compat.HookRegistry.register(compat.HOOK_GET_MHA_HOST_POOL_CLS, _host_pool_cls, compat.HookType.AFTER)
     compat.HookRegistry.register(compat.HOOK_CREATE_STORAGE_BACKEND, _create_backend, compat.HookType.AROUND)
     return ["hicache compressed host tier + verified storage pages"]
