@@ -42,7 +42,9 @@ def is_zero_copy_backend(backend_name: str, storage_config) -> bool:
 def dense_namespace(pool) -> str | None:
     """Storage namespace of a plain dense MHA host pool (its flat page order depends on the host layout);
     None for host pools whose page bytes this package does not know."""
-    if type(pool).__name__ not in ("MHATokenToKVPoolHost", "PortableMHAHostPool"):
+    from sglang_ext.platform.host_pool import PortableMHAHostPool
+
+    if type(pool) not in (compat.MHATokenToKVPoolHost, PortableMHAHostPool):
         return None
     return f"dense-{str(pool.dtype).removeprefix('torch.')}-{pool.layout}-h{pool.head_num}-d{pool.head_dim}-l{pool.layer_num}-p{pool.page_size}"
 

@@ -169,3 +169,26 @@ def test_stored_pages_are_private_verified_and_format_keyed(tmp_path, caplog):
     # The page is stored again after the recompute, and reads back.
     assert storage.set("key-a", host.get_data_page(idx[0]))
     assert torch.equal(storage.get("key-a", host.get_dummy_flat_data_page()), host.get_data_page(idx[0]))
+
+
+def test_storage_backend_choice(tmp_path):
+    host = make_host_pool(make_device_pool("int8"))
+    config = HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
+        enable_storage_metrics=False, is_page_first_layout=False, model_name="/models/Smol LM-sgx-int8",
+        extra_config={"file_storage_path": str(tmp_path / "p")},
+    )
+    calls = []
+
+    def original(cls, name, storage_config, mem_pool_host, **kwargs):
+        calls.append((name, storage_config.model_name))
+        return "sglang's backend"
+
+    with pytest.raises(ValueError, match="supported: file"):
+        hooks._create_backend(original, None, "mooncake", config, host)
+    made = hooks._create_backend(original, None, "file", config, host)
+    assert isinstance(made, VerifiedPageStorage) and isinstance(made.inner, PrivateHiCacheFile)
+    assert made.namespace == f"{host.storage_format_tag}-p1" and "int8" in made.namespace
+    assert "/" not in made.inner.config_suffix and "Smol" not in made.inner.config_suffix
+    other = hooks._create_backend(original, None, "sim", config, host)
+    assert other.inner == "sglang's backend" and calls == [("sim", hooks.hashed_model_name(config.model_name))]
