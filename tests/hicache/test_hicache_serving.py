@@ -7,7 +7,8 @@ Five servers, in this order (tests share them through the ServerPool; one is ali
   int8, page_first (page_first_direct with the direct io backend), a restart: the prompt is served from the
       pages the layer_first server stored (storage hits, same output), then the host round trip in this
       layout; then every stored byte flip makes those pages misses (recomputed, same output, a log line).
-  bf16 (no --kv-cache-dtype): does not hit the compressed pages; its host pool size is the capacity baseline.
+  bf16 (`--kv-cache-dtype bfloat16`, SGLang's dense pool; the weights stay float32): does not hit the
+      compressed pages; its host pool size is the capacity baseline.
 Layout coverage: the host moves are one code path per layout (kernels/host_pages.py), unit-tested bit-exact
 for every format x layout; the server runs put each format through layer_first and one format through the
 paged layout, whose page-major indexing is the only layout-specific code.
@@ -42,14 +43,14 @@ def store(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("hicache-store") / "pages"
 
 
-def server_args(store: Path, kv_format: str | None, layout: str) -> tuple[str, ...]:
+def server_args(store: Path, kv_format: str, layout: str) -> tuple[str, ...]:
     args = (
         "--dtype", "float32", "--enable-cache-report", "--max-total-tokens", str(DEVICE_POOL_TOKENS),
         "--enable-hierarchical-cache", "--hicache-io-backend", "direct", "--hicache-mem-layout", layout,
         "--hicache-size", "1", "--hicache-storage-backend", "file",
         "--hicache-storage-backend-extra-config", f'{{"file_storage_path": "{store}"}}',
     )  # fmt: skip
-    return args + (("--kv-cache-dtype", kv_format) if kv_format else ())
+    return args + ("--kv-cache-dtype", kv_format)
 
 
 def details(response) -> dict:
@@ -124,7 +125,7 @@ def test_flipped_stored_bytes_are_misses_not_wrong_tokens(server_pool, store):
 
 
 def test_bf16_server_does_not_hit_compressed_pages_and_capacity_per_format(server_pool, store):
-    server = server_pool.get(*server_args(store, None, "layer_first"), name="hicache-bf16")
+    server = server_pool.get(*server_args(store, "bfloat16", "layer_first"), name="hicache-bf16")
     LOGS["bf16"] = server.log_path
     cold = server.generate(PROMPT, max_new_tokens=NEW_TOKENS)
     assert cold["meta_info"]["cached_tokens"] == 0, cold["meta_info"]
