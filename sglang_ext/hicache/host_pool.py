@@ -3,7 +3,7 @@
 SGLang's MHA host pool copies dense K/V rows and drops scales (upstream #36121). This pool keeps every plane
 of the device pool's format (codes and scales) per token, so host RAM holds the format's bytes per token and
 each device<->host move carries exactly those bytes. Moves are torch index copies (`kernels/host_pages.py`);
-host planes are pinned when the device pool is on CUDA. Storage pages are the format's bytes in a
+host planes are one buffer, page-locked with cudaHostRegister when the device pool is on CUDA. Storage pages are the format's bytes in a
 layout-independent order, keyed by `storage_format_tag` (the format and its geometry), never by layout.
 """
 
@@ -119,8 +119,11 @@ class CompressedMHAHostPool(compat.HostKVCache):
         return self.kv_buffer
 
     def destroy(self) -> None:
-        # Pinned planes come from torch's pinned allocator (not cudaHostRegister): dropping them frees them.
+        if getattr(self, "_destroyed", False):
+            return
         self._destroyed = True
+        if self.pin_memory and self.kv_buffer is not None:
+            host_pages.unpin_host_planes(self.kv_buffer)
         self.kv_buffer = None
 
     # -- device <-> host -----------------------------------------------------------------------------------

@@ -30,14 +30,21 @@ def check_layout(layout: str) -> None:
         raise ValueError(f"host layout {layout!r} is not supported for compressed KV; supported: {', '.join(HOST_LAYOUTS)}")
 
 
+_PLANE_ALIGN = 64  # bytes; each plane starts on a cache line inside the one host buffer
+
+
 def allocate_host_planes(
     specs: PlaneSpecs, layout: str, num_layers: int, num_slots: int, page_size: int, num_heads: int, *, pin: bool
 ) -> dict[str, torch.Tensor]:
-    """Uninitialized host planes for `num_slots` token slots (a multiple of page_size) of every layer."""
+    """Uninitialized host planes for `num_slots` token slots (a multiple of page_size) of every layer.
+
+    All planes are views into one host byte buffer. pin=True page-locks that buffer with one cudaHostRegister
+    (torch's pinned allocator would round a large pool up to a power of two); `unpin_host_planes` undoes it.
+    """
     check_layout(layout)
     if num_slots % page_size:
         raise ValueError(f"host slots {num_slots} must be a multiple of page_size {page_size}")
-    planes = {}
+    shapes, offsets, total = {}, {}, 0
     for name, (dtype, tail) in specs.items():
         if layout == "layer_first":
             shape = (num_layers, num_slots, num_heads, *tail)
@@ -45,8 +52,32 @@ def allocate_host_planes(
             shape = (num_slots, num_layers, num_heads, *tail)
         else:
             shape = (num_slots // page_size, num_layers, page_size, num_heads, *tail)
-        planes[name] = torch.empty(shape, dtype=dtype, device="cpu", pin_memory=pin)
+        shapes[name] = shape
+        offsets[name] = total
+        nbytes = torch.empty((), dtype=dtype).element_size()
+        for d in shape:
+            nbytes *= d
+        total += -(-nbytes // _PLANE_ALIGN) * _PLANE_ALIGN
+    buffer = torch.empty(total, dtype=torch.uint8, device="cpu")
+    if pin and total:
+        rc = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), total, 0))
+        if rc != 0:
+            raise RuntimeError(f"cudaHostRegister of the {total / 1e9:.2f} GB HiCache host planes failed (rc={rc})")
+    planes = {}
+    for name, (dtype, _) in specs.items():
+        n = 1
+        for d in shapes[name]:
+            n *= d
+        n *= torch.empty((), dtype=dtype).element_size()
+        planes[name] = buffer[offsets[name] : offsets[name] + n].view(dtype).view(shapes[name])
     return planes
+
+
+def unpin_host_planes(planes: dict[str, torch.Tensor]) -> None:
+    """Undo allocate_host_planes(pin=True): unregister the buffer the planes share."""
+    if planes:
+        base = next(iter(planes.values())).untyped_storage().data_ptr()
+        torch.cuda.cudart().cudaHostUnregister(base)
 
 
 def host_layer_view(plane: torch.Tensor, layout: str, layer: int) -> torch.Tensor:
