@@ -1,17 +1,16 @@
 """Start-up refusals for HiCache with a compressed KV pool; each names what is supported.
 
 Called from `kvcache.support.check_supported` (before any allocation) when --enable-hierarchical-cache is on.
-Pure over the server-args object: no SGLang import.
+Reads only the server-args object (importing `compat` imports no SGLang module).
 """
 
 from __future__ import annotations
 
+from sglang_ext import compat
 from sglang_ext.kernels.host_pages import HOST_LAYOUTS
 
 SUPPORTED_IO_BACKENDS = ("direct", "kernel")
 SUPPORTED_HOST_MEMORY_MODES = ("cache",)
-# Mirrors compat.ZERO_COPY_STORAGE_BACKENDS (kept here so this check needs no SGLang import).
-_ZERO_COPY = ("hf3fs", "mooncake", "npu_memcache", "eic", "nixl", "simm", "mori", "tensorcast", "seaweedfs")
 
 
 def check_hicache_supported(fmt_name: str, server_args) -> None:
@@ -28,7 +27,7 @@ def check_hicache_supported(fmt_name: str, server_args) -> None:
     if mode not in SUPPORTED_HOST_MEMORY_MODES:
         raise ValueError(f"{flag}: --hicache-host-memory-mode {mode!r} is not supported; use cache")
     backend = getattr(server_args, "hicache_storage_backend", None)
-    if backend in _ZERO_COPY:
+    if backend in compat.ZERO_COPY_STORAGE_BACKENDS:
         raise ValueError(
             f"{flag}: --hicache-storage-backend {backend} is a zero-copy backend, which moves pages without the "
             "format's page checks; supported: file, and backends on SGLang's generic page path"
