@@ -31,7 +31,7 @@ _LAZY = {
     # its _create_buffers, _build_kv_buffer_descs, _init_data_ptrs_and_strides, _init_kv_copy_and_warmup,
     # _clear_buffers, _pd_registerable_tensors, _get_key_buffer, _get_value_buffer, _move_kv_cache_impl,
     # _check_physical_write_loc, _kv_buffer_descs, _kv_copy_config, memory_saver_adapter,
-    # layer_transfer_counter, kv_cache_layout, post_capture_active.
+    # layer_transfer_counter, kv_cache_layout, post_capture_active, _mha_buffer_info (HiCache host-pool input).
     "MHATokenToKVPool": "sglang.srt.mem_cache.memory_pool:MHATokenToKVPool",
     "KvBufferDesc": "sglang.srt.mem_cache.memory_pool:KvBufferDesc",
     "KVWriteLoc": "sglang.srt.mem_cache.memory_pool:KVWriteLoc",
@@ -45,6 +45,19 @@ _LAZY = {
     "TritonAttnBackend": "sglang.srt.layers.attention.triton_backend:TritonAttnBackend",
     "AttentionType": "sglang.srt.layers.radix_attention:AttentionType",
     "ForwardMode": "sglang.srt.model_executor.forward_batch_info:ForwardMode",
+    # --- compressed HiCache host tier and storage tier (sglang_ext/hicache) ---
+    # Host pool base class and the device-pool description the host pool is built from.
+    "HostKVCache": "sglang.srt.mem_cache.pool_host.base:HostKVCache",
+    "MHABufferInfo": "sglang.srt.mem_cache.device_pool_info:MHABufferInfo",
+    "KVBuffers": "sglang.srt.mem_cache.device_pool_info:KVBuffers",
+    "KVBufferLayout": "sglang.srt.mem_cache.device_pool_info:KVBufferLayout",
+    # Storage interface (public to storage backends) and the file backend we subclass.
+    "HiCacheStorage": "sglang.srt.mem_cache.hicache_storage:HiCacheStorage",
+    "HiCacheStorageExtraInfo": "sglang.srt.mem_cache.hicache_storage:HiCacheStorageExtraInfo",
+    "HiCacheFile": "sglang.srt.mem_cache.hicache_storage:HiCacheFile",
+    "maybe_wrap_storage_failure_injector": (
+        "sglang.srt.mem_cache.hicache_storage:_maybe_wrap_hicache_storage_failure_injector"
+    ),
 }
 
 # Hook targets (dotted paths into SGLang internals).
@@ -71,6 +84,12 @@ HOOK_BUILD_MHA_KV_POOL = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConf
 HOOK_BUILD_FULL_ATTENTION_BACKEND = (
     "sglang.srt.model_executor.model_runner_components.attention_backend_setup._build_full_attention_backend_from_str"
 )
+# --- compressed HiCache (sglang_ext/hicache) ---
+# Builds every HiCache storage backend (classmethod: cls, backend_name, storage_config, mem_pool_host).
+HOOK_CREATE_STORAGE_BACKEND = "sglang.srt.mem_cache.storage.backend_factory.StorageBackendFactory.create_backend"
+# Backends the cache controller drives through zero-copy batch_get_v1/batch_set_v1 (host memory addressed by
+# pointers, `cache_controller.py` attach_storage_backend), plus "dynamic" with extra_config interface_v1.
+ZERO_COPY_STORAGE_BACKENDS = ("hf3fs", "mooncake", "npu_memcache", "eic", "nixl", "simm", "mori", "tensorcast", "seaweedfs")
 # Resolves the parsed server arguments once, in the launcher, before anything is loaded: start-up checks run here.
 HOOK_SERVER_ARGS_RESOLVE = "sglang.srt.server_args.ServerArgs.resolve_once"
 
@@ -133,6 +152,26 @@ def set_hicache_host_memory_reserve(nbytes: int) -> None:
     if not hasattr(module, "HICACHE_HOST_MEMORY_RESERVE_BYTES"):
         raise RuntimeError("sglang internals changed: pool_host.base.HICACHE_HOST_MEMORY_RESERVE_BYTES is gone")
     module.HICACHE_HOST_MEMORY_RESERVE_BYTES = nbytes
+
+
+def hicache_file_storage_dir(storage_config, default: str) -> str:
+    """The directory HiCacheFile stores pages in (its own precedence: env, extra_config, default)."""
+    from sglang.srt.environ import envs
+
+    return (
+        envs.SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR.get()
+        or (storage_config.extra_config or {}).get("file_storage_path")
+        or default
+    )
+
+
+def anchor_host_pool(mem_pool_host):
+    """The KV host pool behind what the cache controller holds (a HostPoolGroup or the pool itself), and the
+    number of host pools that share its storage keys (1 unless the model has side pools: Mamba, SWA, ...)."""
+    entries = getattr(mem_pool_host, "entries", None)
+    if entries is None:
+        return mem_pool_host, 1
+    return mem_pool_host.anchor_entry.host_pool, len(entries)
 
 
 def __getattr__(name: str):

@@ -109,6 +109,16 @@ class CompressedMHATokenToKVPool(compat.MHATokenToKVPool):
             self.layer_transfer_counter.wait_until(layer_id - self.start_layer)
         return self._layer_planes[layer_id - self.start_layer]
 
+    def layer_planes_for_transfer(self) -> list[dict[str, torch.Tensor]]:
+        """Every layer's planes, for HiCache host moves (no wait on the layer-load counter)."""
+        return list(self._layer_planes)
+
+    def _mha_buffer_info(self):
+        # HiCache builds its host pool from this description; its type selects sglang_ext.hicache's host pool.
+        from sglang_ext.hicache.buffer_info import compressed_buffer_info
+
+        return compressed_buffer_info(self)
+
     def _dense_read_error(self):
         return NotImplementedError(
             f"the {self.kv_format.name} KV pool has no dense K/V buffer; read it with layer_planes() through an "

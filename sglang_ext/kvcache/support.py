@@ -15,7 +15,6 @@ from sglang_ext.kvformats.base import KVFormat
 # (server_args attribute, value meaning "off", what the user asked for) -- features whose KV paths move or
 # read the pool's bytes in a dense-layout way this package does not implement yet.
 _UNSUPPORTED_FLAGS: tuple[tuple[str, object, str], ...] = (
-    ("enable_hierarchical_cache", False, "--enable-hierarchical-cache (HiCache host tier)"),
     ("enable_lmcache", False, "--enable-lmcache"),
     ("enable_hisparse", False, "--enable-hisparse"),
     ("disaggregation_mode", "null", "--disaggregation-mode (PD disaggregation)"),
@@ -68,6 +67,10 @@ def check_supported(kvc) -> KVFormat:
             raise ValueError(f"{flag} does not support {what} yet; run without it or with --kv-cache-dtype auto")
     if compat.get_parallel().attn_dcp_size > 1:
         raise ValueError(f"{flag} does not support decode context parallelism (--dcp-size > 1) yet")
+    if getattr(server_args, "enable_hierarchical_cache", False):
+        from sglang_ext.hicache.support import check_hicache_supported
+
+        check_hicache_supported(name, server_args)
     if os.environ.get("SGLANG_USE_HND_KVCACHE", "").lower() in ("1", "true"):
         raise ValueError(f"{flag} needs the NHD KV layout; unset SGLANG_USE_HND_KVCACHE")
     return kv_format_for(kvc)

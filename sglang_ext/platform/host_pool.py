@@ -67,6 +67,8 @@ def host_pool_cls_for(original_get_cls, buffer_info):
     cls = original_get_cls(buffer_info)
     if cls is compat.MHATokenToKVPoolHost:
         return PortableMHAHostPool
+    if getattr(cls, "sglang_ext_host_pool", False):  # sglang_ext.hicache's pools move pages with torch ops
+        return cls
     raise NotImplementedError(
         f"HiCache host pool {cls.__name__} (scaled or asymmetric K/V) is not supported on the portable CPU platform"
     )

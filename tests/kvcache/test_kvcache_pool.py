@@ -130,7 +130,10 @@ def test_batch_plans_list_each_sequences_slots():
 
 
 def fake_configurator(**overrides):
-    server_args = SimpleNamespace(enable_hierarchical_cache=False, disaggregation_mode="null", speculative_algorithm=None)
+    server_args = SimpleNamespace(
+        enable_hierarchical_cache=False, hicache_mem_layout="layer_first", disaggregation_mode="null",
+        speculative_algorithm=None,
+    )
     kvc = SimpleNamespace(
         kv_cache_dtype_str="octave_k3v4",
         use_mla_backend=False,
@@ -151,7 +154,8 @@ def fake_configurator(**overrides):
         ({"use_mla_backend": True}, ("torch_native", "torch_native"), "multi-head / grouped-query attention models only"),
         ({"is_hybrid_swa": True}, ("triton", "triton"), "every layer is full attention"),
         ({}, ("flashinfer", "flashinfer"), "backend 'flashinfer' cannot read this format; supported: triton, torch_native"),
-        ({"enable_hierarchical_cache": True}, ("triton", "triton"), "does not support --enable-hierarchical-cache"),
+        ({"enable_hierarchical_cache": True, "hicache_mem_layout": "page_head"}, ("triton", "triton"),
+         "--hicache-mem-layout 'page_head' is not supported; use one of layer_first, page_first, page_first_direct"),
         ({"model_config": SimpleNamespace(head_dim=96, v_head_dim=96, model_path="m", hf_text_config=SimpleNamespace())},
          ("triton", "triton"), "head_dim 96 is not supported; supported head_dim: \\(64, 128, 256\\)"),
     ],
@@ -163,10 +167,11 @@ def test_startup_refusals_name_what_is_supported(overrides, backends, message, m
         support.check_supported(fake_configurator(**overrides))
 
 
-def test_supported_setup_passes(monkeypatch):
+@pytest.mark.parametrize("overrides", [{}, {"enable_hierarchical_cache": True}])
+def test_supported_setup_passes(monkeypatch, overrides):
     monkeypatch.setattr(compat, "attention_backends", lambda: ("torch_native", "torch_native"))
     monkeypatch.setattr(compat, "get_parallel", lambda: SimpleNamespace(attn_dcp_size=1))
-    assert support.check_supported(fake_configurator()).name == "octave_k3v4"
+    assert support.check_supported(fake_configurator(**overrides)).name == "octave_k3v4"
 
 
 def test_unequal_k_and_v_head_sizes_are_refused():

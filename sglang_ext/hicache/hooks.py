@@ -1,0 +1,92 @@
+"""Where the compressed HiCache tiers enter SGLang (registered in every SGLang process).
+
+  host pool   `get_mha_host_pool_cls`: a compressed device pool (described by `CompressedMHABufferInfo`)
+              gets `CompressedMHAHostPool`; anything else goes to SGLang (or the CPU platform's hook).
+  storage     `StorageBackendFactory.create_backend`: backends on SGLang's generic page path are wrapped in
+              `VerifiedPageStorage` (format-keyed, checksummed pages), with the model name hashed and the
+              file backend replaced by `PrivateHiCacheFile` (0600 files). For bf16/fp16 pools this is done
+              where it is cheap: a plain MHA host pool on the generic path; zero-copy backends and models with
+              side pools (Mamba, SWA, ...) are left to SGLang. A compressed pool refuses zero-copy backends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+
+from sglang_ext import compat
+
+logger = logging.getLogger(__name__)
+
+
+def _host_pool_cls(chosen, buffer_info, *args, **kwargs):
+    # AFTER hook: SGLang (or the CPU platform's AROUND hook, which passes our classes through) has chosen a
+    # dense pool class for this info; a compressed pool's info gets ours instead. None keeps SGLang's choice.
+    from sglang_ext.hicache.buffer_info import CompressedMHABufferInfo
+
+    if isinstance(buffer_info, CompressedMHABufferInfo):
+        from sglang_ext.hicache.host_pool import CompressedMHAHostPool
+
+        return CompressedMHAHostPool
+    return None
+
+
+def is_zero_copy_backend(backend_name: str, storage_config) -> bool:
+    if backend_name in compat.ZERO_COPY_STORAGE_BACKENDS:
+        return True
+    extra = storage_config.extra_config or {}
+    return backend_name == "dynamic" and bool(extra.get("interface_v1", 0))
+
+
+def dense_namespace(pool) -> str | None:
+    """Storage namespace of a plain dense MHA host pool (its flat page order depends on the host layout);
+    None for host pools whose page bytes this package does not know."""
+    from sglang_ext.platform.host_pool import PortableMHAHostPool
+
+    if type(pool) not in (compat.MHATokenToKVPoolHost, PortableMHAHostPool):
+        return None
+    return f"dense-{str(pool.dtype).removeprefix('torch.')}-{pool.layout}-h{pool.head_num}-d{pool.head_dim}-l{pool.layer_num}-p{pool.page_size}"
+
+
+def storage_namespace(pool) -> str | None:
+    tag = getattr(pool, "storage_format_tag", None)
+    if getattr(pool, "sglang_ext_host_pool", False):
+        return f"{tag}-p{pool.page_size}"
+    return dense_namespace(pool)
+
+
+def hashed_model_name(model_name: str | None) -> str:
+    """The model name as backends see it: a digest, so no file name or key carries the user's path."""
+    return "m" + hashlib.blake2b((model_name or "").encode(), digest_size=10).hexdigest()
+
+
+def _create_backend(original, cls, backend_name, storage_config, mem_pool_host, **kwargs):
+    from sglang_ext.hicache.verified_storage import VerifiedPageStorage
+
+    pool, pools_sharing_keys = compat.anchor_host_pool(mem_pool_host)
+    compressed = getattr(pool, "sglang_ext_host_pool", False)
+    namespace = storage_namespace(pool)
+    if is_zero_copy_backend(backend_name, storage_config) or pools_sharing_keys != 1 or namespace is None:
+        if compressed:
+            raise ValueError(
+                f"--kv-cache-dtype {pool.kv_format.name}: --hicache-storage-backend {backend_name} moves pages "
+                "without our page checks (zero-copy); supported: file, and backends on SGLang's generic page "
+                f"path (not {', '.join(compat.ZERO_COPY_STORAGE_BACKENDS)})"
+            )
+        return original(cls, backend_name, storage_config, mem_pool_host, **kwargs)
+    config = dataclasses.replace(storage_config, model_name=hashed_model_name(storage_config.model_name))
+    if backend_name == "file":
+        from sglang_ext.hicache.file_storage import PrivateHiCacheFile
+
+        inner = compat.maybe_wrap_storage_failure_injector(PrivateHiCacheFile(config))
+    else:
+        inner = original(cls, backend_name, config, mem_pool_host, **kwargs)
+    logger.info("sglang-ext HiCache storage: backend %s, pages verified, namespace %s", backend_name, namespace)
+    return VerifiedPageStorage(inner, namespace)
+
+
+def register() -> list[str]:
+    compat.HookRegistry.register(compat.HOOK_GET_MHA_HOST_POOL_CLS, _host_pool_cls, compat.HookType.AFTER)
+    compat.HookRegistry.register(compat.HOOK_CREATE_STORAGE_BACKEND, _create_backend, compat.HookType.AROUND)
+    return ["hicache compressed host tier + verified storage pages"]

@@ -1,0 +1,180 @@
+"""HiCache host tier for a compressed KV pool: the same format's planes in host RAM.
+
+SGLang's MHA host pool copies dense K/V rows and drops scales (upstream #36121). This pool keeps every plane
+of the device pool's format (codes and scales) per token, so host RAM holds the format's bytes per token and
+each device<->host move carries exactly those bytes. Moves are torch index copies (`kernels/host_pages.py`);
+host planes are one buffer, page-locked with cudaHostRegister when the device pool is on CUDA. Storage pages are the format's bytes in a
+layout-independent order, keyed by `storage_format_tag` (the format and its geometry), never by layout.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sglang_ext import compat
+from sglang_ext.hicache.buffer_info import CompressedMHABufferInfo
+from sglang_ext.kernels import host_pages
+
+logger = logging.getLogger(__name__)
+
+
+class CompressedMHAHostPool(compat.HostKVCache):
+    """Host pool of `kv_format` planes: {plane name: host tensor in `layout`} (see kernels/host_pages.py).
+
+    Constructed by SGLang's host-pool assembly with the arguments of `MHATokenToKVPoolHost`.
+    """
+
+    # Marks a host pool class that runs on the portable CPU platform too (platform/host_pool.py).
+    sglang_ext_host_pool = True
+
+    def __init__(
+        self,
+        buffer_info: CompressedMHABufferInfo,
+        host_to_device_ratio: float,
+        host_size: int,
+        page_size: int,
+        layout: str,
+        pin_memory: bool = True,
+        device: str = "cpu",
+        allocator_type: str = "default",
+        *,
+        device_capacity_tokens: int,
+        start_layer: int,
+        end_layer: int,
+        draft_buffer_infos=(),
+        write_back_staging=None,
+        pool_label: str = "kv",
+        head_group_num: int = 1,
+        host_token_capacity: int | None = None,
+    ):
+        fmt = buffer_info.kv_format
+        if draft_buffer_infos:
+            raise NotImplementedError(
+                f"--kv-cache-dtype {fmt.name} with --enable-hierarchical-cache does not support packed draft KV "
+                "layers (MTP speculative decoding) in the host tier yet"
+            )
+        if layout not in host_pages.HOST_LAYOUTS:
+            raise ValueError(
+                f"--kv-cache-dtype {fmt.name}: --hicache-mem-layout {layout!r} is not supported; use one of "
+                f"{', '.join(host_pages.HOST_LAYOUTS)} (page_first becomes page_first_direct with --hicache-io-backend direct)"
+            )
+        self.kv_format = fmt
+        self.device_layer_planes: tuple[dict[str, torch.Tensor], ...] = buffer_info.layer_planes
+        self.head_num = buffer_info.head_num
+        self.head_dim = buffer_info.head_dim
+        self.v_head_dim = buffer_info.v_head_dim
+        self.layer_num = self.target_layer_num = len(self.device_layer_planes)
+        self.page_size = page_size
+        self.plane_specs = fmt.plane_specs()
+        # Identifies the page bytes in storage keys (SGLang appends it to the model name).
+        self.storage_format_tag = f"sgx-{fmt.name}-h{self.head_num}-d{fmt.head_dim}-r{fmt.rotary_dim}-l{self.layer_num}"
+        on_cuda = buffer_info.device.type == "cuda"
+        super().__init__(
+            dtype=buffer_info.dtype,
+            device_capacity_tokens=device_capacity_tokens,
+            size_per_token=self.get_size_per_token(),
+            start_layer=start_layer,
+            end_layer=end_layer,
+            host_to_device_ratio=host_to_device_ratio,
+            host_size=host_size,
+            page_size=page_size,
+            layout=layout,
+            pin_memory=bool(pin_memory and on_cuda),
+            device=device,
+            allocator_type=allocator_type,
+            pool_label=pool_label,
+            host_token_capacity=host_token_capacity,
+        )
+        logger.info(
+            "sglang-ext HiCache host pool: %s, layout %s, %d tokens, %d bytes per token (%d per token per KV head)",
+            fmt.name,
+            layout,
+            self.size,
+            self.size_per_token,
+            fmt.bytes_per_token_head,
+        )
+
+    # -- sizing and storage ------------------------------------------------------------------------------
+
+    def get_size_per_token(self) -> int:
+        """Host bytes one token takes: every plane of every layer (codes and scales)."""
+        return self.kv_format.bytes_per_token_head * self.head_num * self.layer_num
+
+    def get_ksize_per_token(self) -> int:
+        return sum(
+            torch.empty((), dtype=dtype).element_size() * _prod(tail) * self.head_num * self.layer_num
+            for name, (dtype, tail) in self.plane_specs.items()
+            if name.startswith("k")
+        )
+
+    def init_kv_buffer(self) -> dict[str, torch.Tensor]:
+        return host_pages.allocate_host_planes(
+            self.plane_specs, self.layout, self.layer_num, self.size, self.page_size, self.head_num, pin=self.pin_memory
+        )
+
+    @property
+    def host_planes(self) -> dict[str, torch.Tensor]:
+        return self.kv_buffer
+
+    def destroy(self) -> None:
+        if getattr(self, "_destroyed", False):
+            return
+        self._destroyed = True
+        if self.pin_memory and self.kv_buffer is not None:
+            host_pages.unpin_host_planes(self.kv_buffer)
+        self.kv_buffer = None
+
+    # -- device <-> host -----------------------------------------------------------------------------------
+
+    def load_to_device_per_layer(
+        self, device_pool, host_indices, device_indices, layer_id, io_backend, *, is_draft: bool = False
+    ) -> None:
+        if not 0 <= layer_id < self.layer_num:
+            return
+        host_pages.load_layer(
+            self.host_planes,
+            self.device_layer_planes[layer_id],
+            self.layout,
+            layer_id,
+            host_indices,
+            device_indices,
+            self.page_size,
+        )
+
+    def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend) -> None:
+        host_pages.backup_layers(
+            self.host_planes, list(self.device_layer_planes), self.layout, host_indices, device_indices, self.page_size
+        )
+
+    # -- pages for the storage tier ------------------------------------------------------------------------
+
+    @property
+    def page_nbytes(self) -> int:
+        return host_pages.page_nbytes(self.plane_specs, self.layer_num, self.page_size, self.head_num)
+
+    def get_data_page(self, index, flat: bool = True) -> torch.Tensor:
+        return host_pages.page_bytes(self.host_planes, self.layout, int(index), self.page_size)
+
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        return torch.zeros(self.page_nbytes, dtype=torch.uint8)
+
+    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
+        host_pages.set_page_bytes(self.host_planes, self.layout, int(index), self.page_size, data_page)
+
+    def get_page_buffer_meta(self, indices):
+        raise NotImplementedError(
+            f"--kv-cache-dtype {self.kv_format.name}: zero-copy HiCache storage backends are not supported; "
+            "use a backend on the generic page path (file, or any backend outside SGLang's zero-copy list)"
+        )
+
+    def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
+        return False
+
+
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
