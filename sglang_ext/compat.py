@@ -43,6 +43,40 @@ LLAMA_EMBED_WEIGHT_NAME = "model.embed_tokens.weight"
 HOOK_SERVER_ARGS_RESOLVE = "sglang.srt.server_args.ServerArgs.resolve_once"
 
 
+# --- speculative decoding on the portable CPU platform (sglang_ext/spec/) ----------------------------------
+# Functions replaced (HookRegistry REPLACE) by torch ops: their modules import on any platform, but on an
+# out-of-tree platform these functions launch Triton kernels on CPU tensors or refuse the platform.
+SPEC_OPS_MODULE = "sglang.kernels.ops.speculative"
+HOOK_SPEC_VERIFY_TREE_GREEDY = f"{SPEC_OPS_MODULE}.spec_tree.verify_tree_greedy_func"
+HOOK_SPEC_BUILD_TREE = f"{SPEC_OPS_MODULE}.spec_tree.build_tree_kernel_efficient_func"
+HOOK_SPEC_FILL_FRONT_CACHE_LOC = f"{SPEC_OPS_MODULE}.cache_locs.fill_front_out_cache_loc_func"
+HOOK_SPEC_ASSIGN_DRAFT_CACHE_LOCS = f"{SPEC_OPS_MODULE}.cache_locs.assign_draft_cache_locs_contiguous_func"
+HOOK_SPEC_FILL_ACCEPT_CACHE_LOC = f"{SPEC_OPS_MODULE}.eagle.fill_accept_out_cache_loc_func"
+HOOK_SPEC_FILL_BONUS_TOKENS = f"{SPEC_OPS_MODULE}.eagle.fill_bonus_tokens_func"
+# Writes newly allocated draft slots into req_to_token (spec decode allocation; Triton off the AMX CPU engine).
+HOOK_SPEC_ASSIGN_REQ_TO_TOKEN = "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func"
+# TreeMaskMode values passed to build_tree_kernel_efficient_func (FULL_MASK = 0, QLEN_ONLY = 1).
+SPEC_TREE_MASK_FULL, SPEC_TREE_MASK_QLEN_ONLY = 0, 1
+# Module that cannot be imported without sgl_kernel's CUDA (or CPU/AMX) build: it imports
+# `sgl_kernel.speculative` at module level on every platform but XPU. The CPU platform provides a module of the
+# same name with the one public function NGRAM calls.
+SPEC_RECONSTRUCT_TREE_MODULE = f"{SPEC_OPS_MODULE}.reconstruct_tree"
+SPEC_RECONSTRUCT_TREE_FN = "reconstruct_indices_from_tree_mask_func"
+# Module attributes that are None on a platform without CUDA/HIP/NPU/MUSA kernels (resolved at import).
+SPEC_NONE_ATTRS = {
+    f"{SPEC_OPS_MODULE}.verify_sampling": ("tree_speculative_sampling_target_only",),
+    "sglang.kernels.ops.sampling.renorm": ("top_k_renorm_prob", "top_p_renorm_prob"),
+}
+# TARGET_VERIFY through torch_native attention: forward_extend assumes a prefill batch.
+HOOK_TORCH_NATIVE_FORWARD_EXTEND = (
+    "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend")
+# With speculative decoding the MHA pool warms up a Triton slot-row copy (used by move_kv_cache to move accepted
+# drafts' KV); on the CPU platform the pool uses its own torch move (`use_native_move_kv_cache`) instead.
+HOOK_MHA_POOL_INIT_KV_COPY = "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._init_kv_copy_and_warmup"
+_LAZY["KVWriteLoc"] = "sglang.srt.mem_cache.memory_pool:KVWriteLoc"
+# ------------------------------------------------------------------------------------------------------------
+
+
 def set_hicache_host_memory_reserve(nbytes: int) -> None:
     """SGLang keeps 10 GiB of host RAM out of reach of the HiCache host pool (a module constant read at each
     sizing call, `pool_host/base.py`). Sized for GPU servers; the CPU platform lowers it."""

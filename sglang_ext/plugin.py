@@ -23,9 +23,10 @@ def load() -> None:
     from sglang_ext.ple import sglang_glue as ple_glue
     from sglang_ext.pp import server_args as pp_server_args
     from sglang_ext.pp import tied_lm_head
+    from sglang_ext import spec
 
     _registered.append(f"sglang-ext {sglang_ext.__version__}")
-    for feature in (startup_checks, platform_hooks, kvcache, pp_server_args, tied_lm_head, ple_glue):
+    for feature in (startup_checks, platform_hooks, kvcache, pp_server_args, tied_lm_head, ple_glue, spec):
         _registered.extend(feature.register())
     if multiprocessing.parent_process() is None:
         # SGLang configures logging after plugins load, so this line gets its own handler.
