@@ -53,6 +53,12 @@ HOOK_SPEC_FILL_FRONT_CACHE_LOC = f"{SPEC_OPS_MODULE}.cache_locs.fill_front_out_c
 HOOK_SPEC_ASSIGN_DRAFT_CACHE_LOCS = f"{SPEC_OPS_MODULE}.cache_locs.assign_draft_cache_locs_contiguous_func"
 HOOK_SPEC_FILL_ACCEPT_CACHE_LOC = f"{SPEC_OPS_MODULE}.eagle.fill_accept_out_cache_loc_func"
 HOOK_SPEC_FILL_BONUS_TOKENS = f"{SPEC_OPS_MODULE}.eagle.fill_bonus_tokens_func"
+# EAGLE/NEXTN step helpers (Triton on every platform but SGLang's AMX CPU engine); same names in sglang_ext.spec.eagle_ops.
+SPEC_EAGLE_HELPERS = {
+    f"{SPEC_OPS_MODULE}.eagle": ("build_chain_tree", "prepare_verify_commit_outputs", "prepare_draft_extend_inputs",
+                                 "prepare_draft_extend_lengths", "prepare_draft_extend_layout"),
+    f"{SPEC_OPS_MODULE}.topk1": ("draft_topk1_postprocess", "draft_topk1_argmax_only"),
+}
 # Writes newly allocated draft slots into req_to_token (spec decode allocation; Triton off the AMX CPU engine).
 HOOK_SPEC_ASSIGN_REQ_TO_TOKEN = "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func"
 # TreeMaskMode values passed to build_tree_kernel_efficient_func (FULL_MASK = 0, QLEN_ONLY = 1).
@@ -73,6 +79,9 @@ HOOK_TORCH_NATIVE_FORWARD_EXTEND = (
 # With speculative decoding the MHA pool warms up a Triton slot-row copy (used by move_kv_cache to move accepted
 # drafts' KV); on the CPU platform the pool uses its own torch move (`use_native_move_kv_cache`) instead.
 HOOK_MHA_POOL_INIT_KV_COPY = "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._init_kv_copy_and_warmup"
+# EAGLE/NEXTN draft attention: the factory has no torch_native entry; sglang_ext.spec.draft_backends adds one.
+HOOK_DRAFT_BACKEND_FACTORY_CREATE = "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend"
+_LAZY["TorchNativeAttnBackend"] = "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend"
 _LAZY["KVWriteLoc"] = "sglang.srt.mem_cache.memory_pool:KVWriteLoc"
 # ------------------------------------------------------------------------------------------------------------
 

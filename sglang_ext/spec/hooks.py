@@ -11,7 +11,8 @@ import torch
 
 from sglang_ext import compat
 from sglang_ext.platform import activate
-from sglang_ext.spec import cache_loc_ops, tree_ops, verify_ops
+from sglang_ext.spec import cache_loc_ops, eagle_ops, tree_ops, verify_ops
+from sglang_ext.spec.draft_backends import add_torch_native
 from sglang_ext.spec.import_patch import after_import, provide_module
 from sglang_ext.spec.verify_attention import target_verify_attention
 
@@ -150,6 +151,10 @@ def register() -> list[str]:
     }
     for target, fn in replace.items():
         compat.HookRegistry.register(target, fn, compat.HookType.REPLACE)
+    for module_name, names in compat.SPEC_EAGLE_HELPERS.items():
+        for name in names:
+            compat.HookRegistry.register(f"{module_name}.{name}", getattr(eagle_ops, name), compat.HookType.REPLACE)
+    compat.HookRegistry.register(compat.HOOK_DRAFT_BACKEND_FACTORY_CREATE, add_torch_native, compat.HookType.AROUND)
     compat.HookRegistry.register(compat.HOOK_TORCH_NATIVE_FORWARD_EXTEND, _forward_extend, compat.HookType.AROUND)
     provide_module(compat.SPEC_RECONSTRUCT_TREE_MODULE, _fill_reconstruct_tree)
     for module_name, names in compat.SPEC_NONE_ATTRS.items():
