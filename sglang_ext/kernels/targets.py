@@ -82,7 +82,7 @@ def _variants():
 
 def _spec_variants():
     """Speculative-decoding kernels: n = 4 (MTP, 3 steps) and 8 (NGRAM) draft tokens per request."""
-    from . import spec_cache_locs, spec_tree
+    from . import spec_cache_locs, spec_sampling, spec_tree
 
     pb, pi32, pi64, i32 = "*i1", "*i32", "*i64", "i32"
     out = []
@@ -94,6 +94,11 @@ def _spec_variants():
             "predicts_ptr": pi32, "accept_index_ptr": pi32, "accept_num_ptr": pi32, "candidates_ptr": pi64,
             "retrieve_index_ptr": pi64, "next_token_ptr": pi64, "next_sibling_ptr": pi64, "target_ptr": pi64,
             "STEPS": C(n), "N": C(n)}))
+        out.append((f"spec tree_sampling n{n}", spec_sampling._tree_sampling_kernel, {
+            "predicts_ptr": pi32, "accept_index_ptr": pi32, "accept_num_ptr": pi32, "candidates_ptr": pi64,
+            "retrieve_index_ptr": pi64, "next_token_ptr": pi64, "next_sibling_ptr": pi64, "coins_ptr": "*fp32",
+            "final_coins_ptr": "*fp32", "target_ptr": "*fp32", "draft_ptr": "*fp32", "vocab": i32,
+            "threshold_single": "fp32", "threshold_acc": "fp32", "STEPS": C(n), "N": C(n), "BLOCK_V": C(1024)}))
     out.append(("spec assign_extend_cache_locs", spec_cache_locs._assign_extend_cache_locs_kernel, {
         "req_ptr": pi64, "table_ptr": pi32, "start_ptr": pi64, "end_ptr": pi64, "out_ptr": pi64,
         "out_start_ptr": pi64, "stride_table": i32, "BLOCK": C(32)}))

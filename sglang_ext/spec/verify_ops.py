@@ -9,6 +9,7 @@ arguments are written in place. Index conventions: a node's "retrieve index" is 
 index and accept_index[b, k] the k-th accepted draft's (the rest is left as the caller filled it, -1).
 """
 
+import numpy as np
 import torch
 
 
@@ -97,8 +98,8 @@ def tree_speculative_sampling_target_only(
     dp = draft_probs.view(bs, n, -1)
     for b in range(bs):
         row = 0  # node whose target distribution is current
-        coin = coins[b][0]
-        prob_acc = 0.0
+        coin = np.float32(coins[b][0])
+        prob_acc = np.float32(0.0)  # float32 like the CUDA op: the accept test compares against this sum
         last = ridx[b][0]
         accept_index[b, 0] = last
         accepted, cur = 0, 0
@@ -106,12 +107,12 @@ def tree_speculative_sampling_target_only(
             cur = nxt[b][cur]
             while cur != -1:
                 token = cand[b][cur]
-                q_single = float(tp[b, row, token])
-                prob_acc += q_single
-                if q_single > 0 and (coin < prob_acc / threshold_acc or q_single >= threshold_single):
-                    prob_acc = 0.0
+                q_single = np.float32(tp[b, row, token])
+                prob_acc = np.float32(prob_acc + q_single)
+                if q_single > 0 and (coin < prob_acc / np.float32(threshold_acc) or q_single >= threshold_single):
+                    prob_acc = np.float32(0.0)
                     row = cur
-                    coin = coins[b][cur]
+                    coin = np.float32(coins[b][cur])
                     predicts[last] = token
                     accepted += 1
                     accept_index[b, accepted] = ridx[b][cur]

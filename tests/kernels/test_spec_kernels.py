@@ -1,5 +1,6 @@
 """Triton speculative-decoding kernels against the torch ops (sglang_ext/spec) under the interpreter."""
 
+import math
 import random
 
 import pytest
@@ -75,3 +76,34 @@ def test_cache_loc_kernels_match_torch(device):
     cache_loc_ops.fill_accept_out_cache_loc(accept_index, out_cache_loc, want)
     spec_cache_locs.fill_accept_out_cache_loc(accept_index, out_cache_loc, got)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("n,vocab,seed", [(2, 7, 0), (4, 50, 1), (6, 1500, 2)])
+def test_tree_sampling_kernel_matches_torch(n, vocab, seed, device):
+    """Same coins, same result: accepted path, counts, every predicted token, and the rejected-mass buffer."""
+    from sglang_ext.kernels import spec_sampling
+
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    bs = 5
+    mask = torch.stack([_ancestor_mask(_random_parents(n, rng)) for _ in range(bs)]).flatten()
+    links = [torch.empty((bs, n), dtype=torch.int64) for _ in range(4)]
+    tree_ops.reconstruct_indices_from_tree_mask(mask, torch.zeros(bs, dtype=torch.long), links[0].view(-1),
+                                                *links[1:], bs, n)
+    ridx, nxt, sib = (t.to(device) for t in links[1:])
+    logits = torch.randn(bs, n, vocab) * 3
+    logits[:, :, :3] += 4 + math.log(vocab)  # a few likely tokens, so drafts among them get accepted
+    target = torch.softmax(logits, -1).to(device)
+    cand = torch.randint(0, 3, (bs, n), device=device)
+    coins, final = torch.rand(bs, n, device=device), torch.rand(bs, device=device)
+    outs = []
+    for fn in (verify_ops.tree_speculative_sampling_target_only, spec_sampling.tree_speculative_sampling_target_only):
+        pred = torch.zeros(bs * n, dtype=torch.int32, device=device)
+        acc = torch.full((bs, n), -1, dtype=torch.int32, device=device)
+        num = torch.zeros(bs, dtype=torch.int32, device=device)
+        draft = torch.zeros_like(target)
+        fn(pred, acc, num, cand, ridx, nxt, sib, coins, final, target.clone(), draft)
+        outs.append((pred, acc, num, draft))
+    assert int(outs[0][2].sum()) > 0, "no draft accepted: the comparison would not cover the accept path"
+    for g, w in zip(outs[1], outs[0]):
+        assert torch.equal(g, w)
