@@ -59,6 +59,8 @@ SPEC_EAGLE_HELPERS = {
                                  "prepare_draft_extend_lengths", "prepare_draft_extend_layout"),
     f"{SPEC_OPS_MODULE}.topk1": ("draft_topk1_postprocess", "draft_topk1_argmax_only"),
 }
+# Rejection sampling with draft probabilities (--speculative-use-rejection-sampling): a Triton kernel everywhere.
+HOOK_SPEC_CHAIN_SAMPLING = f"{SPEC_OPS_MODULE}.reject_sampling.chain_speculative_sampling_triton"
 # Writes newly allocated draft slots into req_to_token (spec decode allocation; Triton off the AMX CPU engine).
 HOOK_SPEC_ASSIGN_REQ_TO_TOKEN = "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func"
 # TreeMaskMode values passed to build_tree_kernel_efficient_func (FULL_MASK = 0, QLEN_ONLY = 1).

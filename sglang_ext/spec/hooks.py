@@ -78,6 +78,17 @@ def tree_speculative_sampling_target_only(*, predicts, accept_index, accept_toke
         threshold_single, threshold_acc)
 
 
+def chain_speculative_sampling_triton(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                     retrive_next_token, retrive_next_sibling, uniform_samples,
+                                     uniform_samples_for_final_sampling, target_probs, draft_probs, threshold_single,
+                                     threshold_acc, deterministic, *, block_verification: bool = False) -> None:
+    if block_verification:
+        raise NotImplementedError("--speculative-use-block-verification on the CPU platform")
+    verify_ops.chain_speculative_sampling(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                          uniform_samples, uniform_samples_for_final_sampling, target_probs,
+                                          draft_probs)
+
+
 def _per_row(value, rows: int, dtype, device) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.view(-1)
@@ -148,6 +159,7 @@ def register() -> list[str]:
         compat.HOOK_SPEC_FILL_BONUS_TOKENS: fill_bonus_tokens_func,
         compat.HOOK_MHA_POOL_INIT_KV_COPY: _init_native_kv_move,
         compat.HOOK_SPEC_ASSIGN_REQ_TO_TOKEN: assign_req_to_token_pool_func,
+        compat.HOOK_SPEC_CHAIN_SAMPLING: chain_speculative_sampling_triton,
     }
     for target, fn in replace.items():
         compat.HookRegistry.register(target, fn, compat.HookType.REPLACE)

@@ -145,3 +145,51 @@ def top_p_renorm_prob(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor
     sorted_p = torch.where(before > top_ps.view(-1, 1).to(probs.dtype), torch.zeros_like(sorted_p), sorted_p)
     kept = torch.zeros_like(probs).scatter_(1, idx, sorted_p)
     return kept / kept.sum(-1, keepdim=True)
+
+
+def chain_speculative_sampling(
+    predicts: torch.Tensor,  # int32 [bs * n] (out)
+    accept_index: torch.Tensor,  # int32 [bs, n] (out)
+    accept_token_num: torch.Tensor,  # int32 [bs] (out)
+    candidates: torch.Tensor,  # int [bs, n]: node 0 the last verified token, node s the s-th draft
+    retrieve_index: torch.Tensor,  # int [bs, n]
+    uniform_samples: torch.Tensor,  # float32 [bs, n]: coin s - 1 decides draft s
+    uniform_samples_for_final_sampling: torch.Tensor,  # float32 [bs]
+    target_probs: torch.Tensor,  # float32 [bs, n, vocab]: p after each node
+    draft_probs: torch.Tensor,  # float32 [bs, n - 1 or n, vocab]: q that proposed draft s + 1
+) -> None:
+    """Classic speculative sampling of a draft chain with its proposal distributions (SGLang
+    `chain_speculative_sampling_triton` without block verification): draft s is accepted with probability
+    min(1, p(x)/q(x)) (a coin u accepts when u * q(x) < p(x), q(x) in (0, 1]); at the first rejection the next
+    token is drawn from relu(p - q) normalised, after a full chain from p."""
+    bs, n = candidates.shape
+    cand, ridx = candidates.tolist(), retrieve_index.tolist()
+    coins = uniform_samples.tolist()
+    final_coins = uniform_samples_for_final_sampling.view(-1).tolist()
+    for b in range(bs):
+        last = ridx[b][0]
+        accept_index[b, 0] = last
+        accepted = 0
+        for step in range(1, n):
+            token = cand[b][step]
+            p = float(target_probs[b, accepted, token])
+            q = float(draft_probs[b, accepted, token])
+            if 0.0 < q <= 1.0 and coins[b][step - 1] * q < p:
+                predicts[last] = token
+                accepted += 1
+                last = ridx[b][step]
+                accept_index[b, accepted] = last
+            else:
+                break
+        accept_token_num[b] = accepted
+        p_row = target_probs[b, accepted]
+        if accepted == n - 1:
+            w = p_row
+        else:
+            q_row = draft_probs[b, accepted]
+            q_row = torch.where((q_row >= 0) & (q_row <= 1), q_row, torch.zeros_like(q_row))
+            w = (p_row - q_row).clamp_min(0)
+        cdf = torch.cumsum(w, 0)
+        u = final_coins[b] * float(cdf[-1])
+        hit = torch.nonzero(cdf > u)
+        predicts[last] = int(hit[0, 0]) if hit.numel() else w.numel() - 1

@@ -251,3 +251,35 @@ def test_target_verify_attention_matches_dense_reference():
                 w = torch.softmax(k_cache[idx, g] @ qi * scale, 0)
                 want = w @ v_cache[idx, g]
                 torch.testing.assert_close(got[b * n + i].view(q_heads, d)[h], want, rtol=1e-4, atol=1e-5)
+
+
+def test_chain_speculative_sampling_matches_target_distribution():
+    """With proposal q and target p, the first emitted token must follow p(root) whatever q is (chi-square over
+    6000 draws), and a draft with q(x) = p(x) is always accepted."""
+    torch.manual_seed(3)
+    vocab, n = 5, 3
+    p = torch.tensor([[0.1, 0.3, 0.2, 0.25, 0.15], [0.4, 0.1, 0.1, 0.3, 0.1],
+                      [0.2, 0.2, 0.2, 0.2, 0.2]]).view(1, n, vocab)
+    q = torch.tensor([[0.6, 0.1, 0.1, 0.1, 0.1], [0.1, 0.1, 0.6, 0.1, 0.1]]).view(1, n - 1, vocab)
+    ridx = torch.arange(n).view(1, n)
+    counts = torch.zeros(vocab)
+    draws = 6000
+    for _ in range(draws):
+        d1 = int(torch.multinomial(q[0, 0], 1))
+        d2 = int(torch.multinomial(q[0, 1], 1))
+        pred = torch.zeros(n, dtype=torch.int32)
+        acc = torch.full((1, n), -1, dtype=torch.int32)
+        num = torch.zeros(1, dtype=torch.int32)
+        verify_ops.chain_speculative_sampling(pred, acc, num, torch.tensor([[9, d1, d2]]), ridx, torch.rand(1, n),
+                                              torch.rand(1), p, q)
+        counts[int(pred[0])] += 1
+    expected = p[0, 0] * draws
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 18.47, f"chi2 {chi2:.1f}: {counts.tolist()} vs {expected.tolist()}"  # df 4, p = 0.001
+
+    pred = torch.zeros(n, dtype=torch.int32)
+    acc = torch.full((1, n), -1, dtype=torch.int32)
+    num = torch.zeros(1, dtype=torch.int32)
+    verify_ops.chain_speculative_sampling(pred, acc, num, torch.tensor([[9, 1, 0]]), ridx, torch.full((1, n), 0.999),
+                                          torch.rand(1), p, p[:, :2].clone())
+    assert int(num[0]) == 2 and acc[0].tolist() == [0, 1, 2] and pred[:2].tolist() == [1, 0]
