@@ -283,3 +283,41 @@ def test_chain_speculative_sampling_matches_target_distribution():
     verify_ops.chain_speculative_sampling(pred, acc, num, torch.tensor([[9, 1, 0]]), ridx, torch.full((1, n), 0.999),
                                           torch.rand(1), p, p[:, :2].clone())
     assert int(num[0]) == 2 and acc[0].tolist() == [0, 1, 2] and pred[:2].tolist() == [1, 0]
+
+
+def test_eagle_chain_tree_and_commit_outputs():
+    from sglang_ext.spec import eagle_ops
+
+    bonus = torch.tensor([7, 8])
+    drafts = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    seq = torch.tensor([10, 20])
+    req_to_token = torch.arange(200, dtype=torch.int32).view(4, 50)
+    reqs = torch.tensor([3, 0])
+    mask, pos, ridx, nxt, sib, tokens, locs, mrope = eagle_ops.build_chain_tree(bonus, drafts, seq, None, reqs,
+                                                                               req_to_token, True)
+    assert tokens.tolist() == [7, 1, 2, 3, 8, 4, 5, 6]
+    assert pos.tolist() == [10, 11, 12, 13, 20, 21, 22, 23]
+    assert torch.equal(mask.view(2, 4, 4), torch.ones(4, 4, dtype=torch.bool).tril().repeat(2, 1, 1))
+    assert ridx.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]] and nxt.tolist() == [[1, 2, 3, -1]] * 2
+    assert sib.tolist() == [[-1] * 4] * 2
+    assert locs.tolist() == [160, 161, 162, 163, 20, 21, 22, 23] and torch.equal(mrope[2], pos)
+
+    predict = torch.tensor([11, 12, 13, 14, 21, 22, 23, 24], dtype=torch.int32)
+    accept_index = torch.tensor([[0, 1, 2, -1], [4, -1, -1, -1]], dtype=torch.int32)
+    accept_lens = torch.tensor([3, 1], dtype=torch.int32)
+    new_lens, bonus_out, (last_steps, _), (correct, select, ids) = eagle_ops.prepare_verify_commit_outputs(
+        predict, accept_index, accept_lens, seq, num_draft_tokens=4)
+    assert new_lens.tolist() == [13, 21] and bonus_out.tolist() == [13, 21]
+    assert last_steps.tolist() == [2, 0] and correct.tolist() == [2, 0] and select.tolist() == [2, 4]
+    assert ids.tolist() == predict.tolist()
+
+    prefix, extend, post, (positions, starts, _) = eagle_ops.prepare_draft_extend_layout(seq, 4, False)
+    assert prefix.tolist() == [10, 20] and extend.tolist() == [4, 4] and post.tolist() == [14, 24]
+    assert positions.tolist() == [10, 11, 12, 13, 20, 21, 22, 23] and starts.tolist() == [0, 4]
+
+    logits = torch.tensor([[0.0, 3.0, 3.0], [float("nan"), -1.0, 0.5]])
+    positions = torch.tensor([5, 9])
+    draft_tokens = torch.zeros(2, 3, dtype=torch.long)
+    p, index = eagle_ops.draft_topk1_postprocess(logits, positions, draft_tokens, 1)
+    assert index.view(-1).tolist() == [1, 2] and positions.tolist() == [6, 10] and draft_tokens[:, 1].tolist() == [1, 2]
+    assert p.view(-1).tolist() == [1.0, 1.0]
