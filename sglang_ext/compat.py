@@ -75,6 +75,9 @@ SPEC_NONE_ATTRS = {
     f"{SPEC_OPS_MODULE}.verify_sampling": ("tree_speculative_sampling_target_only",),
     "sglang.kernels.ops.sampling.renorm": ("top_k_renorm_prob", "top_p_renorm_prob"),
 }
+# Modules that bind those names with `from ... import` (they may be imported before the plugin loads, so their
+# copies are patched too).
+SPEC_NONE_ATTR_IMPORTERS = ("sglang.srt.speculative.eagle_utils", "sglang.srt.speculative.dflash_utils")
 # TARGET_VERIFY through torch_native attention: forward_extend assumes a prefill batch.
 HOOK_TORCH_NATIVE_FORWARD_EXTEND = (
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend")

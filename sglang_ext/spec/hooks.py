@@ -136,10 +136,16 @@ _NONE_ATTR_IMPLS = {
 }
 
 
-def _fill_none_attrs(names: tuple[str, ...]):
+def _fill_none_attrs(names: tuple[str, ...], only_bound: bool = False):
+    """Set each name (None on this platform) to our op; with only_bound, only names the module binds at all."""
     def fill(module: types.ModuleType) -> None:
         for name in names:
-            if getattr(module, name, None) is not None:
+            if only_bound and not hasattr(module, name):
+                continue
+            current = getattr(module, name, None)
+            if current is _NONE_ATTR_IMPLS[name]:
+                continue  # imported after the source module was patched
+            if current is not None:
                 raise RuntimeError(f"{module.__name__}.{name} is not None on the CPU platform: SGLang changed")
             setattr(module, name, _NONE_ATTR_IMPLS[name])
     return fill
@@ -171,4 +177,6 @@ def register() -> list[str]:
     provide_module(compat.SPEC_RECONSTRUCT_TREE_MODULE, _fill_reconstruct_tree)
     for module_name, names in compat.SPEC_NONE_ATTRS.items():
         after_import(module_name, _fill_none_attrs(names))
+        for importer in compat.SPEC_NONE_ATTR_IMPORTERS:
+            after_import(importer, _fill_none_attrs(names, only_bound=True))
     return ["speculative decoding ops (torch) on the cpu platform"]
