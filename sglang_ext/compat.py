@@ -143,6 +143,52 @@ TREE_CORE_BACKEND_PYTHON = "python"
 # `evict_for_alloc`, and the step that evicts one device leaf (demote if backed up, else drop).
 URC_EVICT_WALK = "_evict"  # (self, params, available_size_targets=None, *, allocation_reclaim_satisfied=None)
 URC_EVICT_DEVICE_LEAF = "_evict_device_leaf"  # (self, node_id, tracker) -> Optional[BackupKV]
+# --- speculative decoding on the portable CPU platform (sglang_ext/spec/) ----------------------------------
+# Functions replaced (HookRegistry REPLACE) by torch ops: their modules import on any platform, but on an
+# out-of-tree platform these functions launch Triton kernels on CPU tensors or refuse the platform.
+SPEC_OPS_MODULE = "sglang.kernels.ops.speculative"
+HOOK_SPEC_VERIFY_TREE_GREEDY = f"{SPEC_OPS_MODULE}.spec_tree.verify_tree_greedy_func"
+HOOK_SPEC_BUILD_TREE = f"{SPEC_OPS_MODULE}.spec_tree.build_tree_kernel_efficient_func"
+HOOK_SPEC_FILL_FRONT_CACHE_LOC = f"{SPEC_OPS_MODULE}.cache_locs.fill_front_out_cache_loc_func"
+HOOK_SPEC_ASSIGN_DRAFT_CACHE_LOCS = f"{SPEC_OPS_MODULE}.cache_locs.assign_draft_cache_locs_contiguous_func"
+HOOK_SPEC_FILL_ACCEPT_CACHE_LOC = f"{SPEC_OPS_MODULE}.eagle.fill_accept_out_cache_loc_func"
+HOOK_SPEC_FILL_BONUS_TOKENS = f"{SPEC_OPS_MODULE}.eagle.fill_bonus_tokens_func"
+# EAGLE/NEXTN step helpers (Triton on every platform but SGLang's AMX CPU engine); same names in sglang_ext.spec.eagle_ops.
+SPEC_EAGLE_HELPERS = {
+    f"{SPEC_OPS_MODULE}.eagle": ("build_chain_tree", "prepare_verify_commit_outputs", "prepare_draft_extend_inputs",
+                                 "prepare_draft_extend_lengths", "prepare_draft_extend_layout"),
+    f"{SPEC_OPS_MODULE}.topk1": ("draft_topk1_postprocess", "draft_topk1_argmax_only"),
+}
+# Rejection sampling with draft probabilities (--speculative-use-rejection-sampling): a Triton kernel everywhere.
+HOOK_SPEC_CHAIN_SAMPLING = f"{SPEC_OPS_MODULE}.reject_sampling.chain_speculative_sampling_triton"
+# Writes newly allocated draft slots into req_to_token (spec decode allocation; Triton off the AMX CPU engine).
+HOOK_SPEC_ASSIGN_REQ_TO_TOKEN = "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func"
+# TreeMaskMode values passed to build_tree_kernel_efficient_func (FULL_MASK = 0, QLEN_ONLY = 1).
+SPEC_TREE_MASK_FULL, SPEC_TREE_MASK_QLEN_ONLY = 0, 1
+# Module that cannot be imported without sgl_kernel's CUDA (or CPU/AMX) build: it imports
+# `sgl_kernel.speculative` at module level on every platform but XPU. The CPU platform provides a module of the
+# same name with the one public function NGRAM calls.
+SPEC_RECONSTRUCT_TREE_MODULE = f"{SPEC_OPS_MODULE}.reconstruct_tree"
+SPEC_RECONSTRUCT_TREE_FN = "reconstruct_indices_from_tree_mask_func"
+# Module attributes that are None on a platform without CUDA/HIP/NPU/MUSA kernels (resolved at import).
+SPEC_NONE_ATTRS = {
+    f"{SPEC_OPS_MODULE}.verify_sampling": ("tree_speculative_sampling_target_only",),
+    "sglang.kernels.ops.sampling.renorm": ("top_k_renorm_prob", "top_p_renorm_prob"),
+}
+# Modules that bind those names with `from ... import` (they may be imported before the plugin loads, so their
+# copies are patched too).
+SPEC_NONE_ATTR_IMPORTERS = ("sglang.srt.speculative.eagle_utils", "sglang.srt.speculative.dflash_utils")
+# TARGET_VERIFY through torch_native attention: forward_extend assumes a prefill batch.
+HOOK_TORCH_NATIVE_FORWARD_EXTEND = (
+    "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend")
+# With speculative decoding the MHA pool warms up a Triton slot-row copy (used by move_kv_cache to move accepted
+# drafts' KV); on the CPU platform the pool uses its own torch move (`use_native_move_kv_cache`) instead.
+HOOK_MHA_POOL_INIT_KV_COPY = "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._init_kv_copy_and_warmup"
+# EAGLE/NEXTN draft attention: the factory has no torch_native entry; sglang_ext.spec.draft_backends adds one.
+HOOK_DRAFT_BACKEND_FACTORY_CREATE = "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend"
+_LAZY["TorchNativeAttnBackend"] = "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend"
+_LAZY["KVWriteLoc"] = "sglang.srt.mem_cache.memory_pool:KVWriteLoc"
+# ------------------------------------------------------------------------------------------------------------
 
 
 def set_hicache_host_memory_reserve(nbytes: int) -> None:

@@ -18,14 +18,15 @@ _registered: list[str] = []
 def load() -> None:
     if _registered:
         return
-    from sglang_ext import hicache, kvcache, sessions, startup_checks
+    from sglang_ext import hicache, kvcache, sessions, spec, startup_checks
     from sglang_ext.platform import hooks as platform_hooks
     from sglang_ext.ple import sglang_glue as ple_glue
     from sglang_ext.pp import server_args as pp_server_args
     from sglang_ext.pp import tied_lm_head
 
     _registered.append(f"sglang-ext {sglang_ext.__version__}")
-    for feature in (startup_checks, platform_hooks, kvcache, hicache, pp_server_args, tied_lm_head, ple_glue, sessions):
+    features = (startup_checks, platform_hooks, kvcache, hicache, pp_server_args, tied_lm_head, ple_glue, sessions, spec)
+    for feature in features:
         _registered.extend(feature.register())
     if multiprocessing.parent_process() is None:
         # SGLang configures logging after plugins load, so this line gets its own handler.

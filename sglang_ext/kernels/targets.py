@@ -78,10 +78,38 @@ def _variants():
                 "stride_c_slot": i32, "stride_c_head": i32, "stride_s_slot": i32, "stride_s_head": i32, "stride_o_n": i32,
                 "stride_o_h": i32, "FMT": C(fmt), "N4": C(kn4), "NB": C(d // 64), "BLOCK_N": C(16),
                 "LUT": C(decode.LUT_SELECT)}, {}))
+    out.extend(_spec_variants())
     out.append(("decode_stage2 d256", decode._decode_stage2, {
         "mid_o": p32, "mid_lse": p32, "out_ptr": pb16, "kv_indptr": pi32, "num_kv_splits": pi32, "stride_mo_b": i32,
         "stride_mo_h": i32, "stride_mo_s": i32, "stride_ml_b": i32, "stride_ml_h": i32, "stride_o_b": i32, "stride_o_h": i32,
         "D": C(256), "MAX_SPLITS": C(16), "MIN_BLOCK": C(32)}, {}))
+    return out
+
+
+def _spec_variants():
+    """Speculative-decoding kernels: n = 4 (MTP, 3 steps) and 8 (NGRAM) draft tokens per request."""
+    from . import spec_cache_locs, spec_sampling, spec_tree
+
+    pb, pi32, pi64, i32 = "*i1", "*i32", "*i64", "i32"
+    out = []
+    for n in (4, 8):
+        out.append((f"spec reconstruct_tree n{n}", spec_tree._reconstruct_tree_kernel, {
+            "mask_ptr": pb, "seq_len_ptr": pi64, "positions_ptr": pi64, "retrieve_index_ptr": pi64,
+            "next_token_ptr": pi64, "next_sibling_ptr": pi64, "N": C(n), "BLOCK_N": C(n)}, {}))
+        out.append((f"spec verify_tree_greedy n{n}", spec_tree._verify_tree_greedy_kernel, {
+            "predicts_ptr": pi32, "accept_index_ptr": pi32, "accept_num_ptr": pi32, "candidates_ptr": pi64,
+            "retrieve_index_ptr": pi64, "next_token_ptr": pi64, "next_sibling_ptr": pi64, "target_ptr": pi64,
+            "STEPS": C(n), "N": C(n)}, {}))
+        out.append((f"spec tree_sampling n{n}", spec_sampling._tree_sampling_kernel, {
+            "predicts_ptr": pi32, "accept_index_ptr": pi32, "accept_num_ptr": pi32, "candidates_ptr": pi64,
+            "retrieve_index_ptr": pi64, "next_token_ptr": pi64, "next_sibling_ptr": pi64, "coins_ptr": "*fp32",
+            "final_coins_ptr": "*fp32", "target_ptr": "*fp32", "draft_ptr": "*fp32", "vocab": i32,
+            "threshold_single": "fp32", "threshold_acc": "fp32", "STEPS": C(n), "N": C(n), "BLOCK_V": C(1024)}, {}))
+    out.append(("spec assign_extend_cache_locs", spec_cache_locs._assign_extend_cache_locs_kernel, {
+        "req_ptr": pi64, "table_ptr": pi32, "start_ptr": pi64, "end_ptr": pi64, "out_ptr": pi64,
+        "out_start_ptr": pi64, "stride_table": i32, "BLOCK": C(32)}, {}))
+    out.append(("spec fill_accept_out_cache_loc", spec_cache_locs._fill_accept_out_cache_loc_kernel, {
+        "accept_ptr": pi32, "loc_ptr": pi64, "out_ptr": pi64, "SIZE_UPPER": C(32)}, {}))
     return out
 
 

@@ -50,6 +50,17 @@ class PortableCpuPlatform(compat.CpuDeviceMixin, compat.SRTPlatform):
     def is_pin_memory_available(self, device=None) -> bool:
         return False
 
+    # Speculative decoding: the torch ops of sglang_ext/spec are installed by its register() (plugin).
+    def supports_speculative_algorithm(self, algorithm: str) -> bool:
+        from sglang_ext.spec import SUPPORTED_ALGORITHMS
+
+        return algorithm.upper() in SUPPORTED_ALGORITHMS
+
+    def get_speculative_cache_locs_fn(self):
+        from sglang_ext.spec.hooks import assign_extend_cache_locs_func
+
+        return assign_extend_cache_locs_func
+
 
 def cpu_binding_for_ranks(ranks: int) -> str:
     """SGLANG_CPU_OMP_THREADS_BIND value giving each rank a contiguous share of this process's CPUs

@@ -1,0 +1,109 @@
+"""Triton speculative-decoding kernels against the torch ops (sglang_ext/spec) under the interpreter."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from sglang_ext.kernels import spec_cache_locs, spec_tree
+from sglang_ext.spec import cache_loc_ops, tree_ops, verify_ops
+
+
+def _random_parents(n, rng):
+    return [-1] + [rng.randrange(i) for i in range(1, n)]
+
+
+def _ancestor_mask(parents):
+    n = len(parents)
+    m = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j != -1:
+            m[i, j] = True
+            j = parents[j]
+    return m
+
+
+@pytest.mark.parametrize("n,bs", [(1, 1), (3, 2), (4, 3), (8, 2), (16, 1)])
+def test_reconstruct_tree_kernel_matches_torch(n, bs, device):
+    rng = random.Random(n * 10 + bs)
+    mask = torch.stack([_ancestor_mask(_random_parents(n, rng)) for _ in range(bs)]).flatten().to(device)
+    seq = torch.randint(1, 50, (bs,), device=device)
+    want = [torch.full((bs, n), -9, dtype=torch.int64, device=device) for _ in range(4)]
+    got = [t.clone() for t in want]
+    tree_ops.reconstruct_indices_from_tree_mask(mask, seq, want[0].view(-1), *want[1:], bs, n)
+    spec_tree.reconstruct_indices_from_tree_mask(mask, seq, got[0].view(-1), *got[1:], bs, n)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("n,seed", [(2, 0), (4, 1), (8, 2)])
+def test_verify_tree_greedy_kernel_matches_torch(n, seed, device):
+    rng = random.Random(seed)
+    bs, vocab = 4, 3
+    mask = torch.stack([_ancestor_mask(_random_parents(n, rng)) for _ in range(bs)]).flatten()
+    links = [torch.empty((bs, n), dtype=torch.int64) for _ in range(4)]
+    tree_ops.reconstruct_indices_from_tree_mask(mask, torch.zeros(bs, dtype=torch.long), links[0].view(-1),
+                                                *links[1:], bs, n)
+    ridx, nxt, sib = (t.to(device) for t in links[1:])
+    cand = torch.randint(0, vocab, (bs, n), device=device)
+    target = torch.randint(0, vocab, (bs, n), device=device)
+    outs = []
+    for fn in (verify_ops.verify_tree_greedy, spec_tree.verify_tree_greedy):
+        pred = torch.zeros(bs * n, dtype=torch.int32, device=device)
+        acc = torch.full((bs, n), -1, dtype=torch.int32, device=device)
+        num = torch.zeros(bs, dtype=torch.int32, device=device)
+        fn(pred, acc, num, cand, ridx, nxt, sib, target)
+        outs.append((pred, acc, num))
+    for g, w in zip(outs[1], outs[0]):
+        assert torch.equal(g, w)
+
+
+def test_cache_loc_kernels_match_torch(device):
+    req_to_token = torch.randint(0, 1000, (6, 40), dtype=torch.int32, device=device)
+    reqs = torch.tensor([4, 1, 3], device=device)
+    start = torch.tensor([3, 0, 10], device=device)
+    end = start + torch.tensor([4, 2, 5], device=device)
+    want = cache_loc_ops.assign_extend_cache_locs(reqs, req_to_token, start, end)
+    got = spec_cache_locs.assign_extend_cache_locs(reqs, req_to_token, start, end)
+    assert torch.equal(got, want)
+
+    accept_index = torch.tensor([[0, 2, -1], [4, -1, -1], [8, 9, 11]], dtype=torch.int32, device=device)
+    out_cache_loc = torch.arange(100, 112, device=device)
+    want = torch.zeros(9, dtype=torch.int64, device=device)
+    got = torch.zeros(9, dtype=torch.int64, device=device)
+    cache_loc_ops.fill_accept_out_cache_loc(accept_index, out_cache_loc, want)
+    spec_cache_locs.fill_accept_out_cache_loc(accept_index, out_cache_loc, got)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("n,vocab,seed", [(2, 7, 0), (4, 50, 1), (6, 1500, 2)])
+def test_tree_sampling_kernel_matches_torch(n, vocab, seed, device):
+    """Same coins, same result: accepted path, counts, every predicted token, and the rejected-mass buffer."""
+    from sglang_ext.kernels import spec_sampling
+
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    bs = 5
+    mask = torch.stack([_ancestor_mask(_random_parents(n, rng)) for _ in range(bs)]).flatten()
+    links = [torch.empty((bs, n), dtype=torch.int64) for _ in range(4)]
+    tree_ops.reconstruct_indices_from_tree_mask(mask, torch.zeros(bs, dtype=torch.long), links[0].view(-1),
+                                                *links[1:], bs, n)
+    ridx, nxt, sib = (t.to(device) for t in links[1:])
+    logits = torch.randn(bs, n, vocab) * 3
+    logits[:, :, :3] += 4 + math.log(vocab)  # a few likely tokens, so drafts among them get accepted
+    target = torch.softmax(logits, -1).to(device)
+    cand = torch.randint(0, 3, (bs, n), device=device)
+    coins, final = torch.rand(bs, n, device=device), torch.rand(bs, device=device)
+    outs = []
+    for fn in (verify_ops.tree_speculative_sampling_target_only, spec_sampling.tree_speculative_sampling_target_only):
+        pred = torch.zeros(bs * n, dtype=torch.int32, device=device)
+        acc = torch.full((bs, n), -1, dtype=torch.int32, device=device)
+        num = torch.zeros(bs, dtype=torch.int32, device=device)
+        draft = torch.zeros_like(target)
+        fn(pred, acc, num, cand, ridx, nxt, sib, coins, final, target.clone(), draft)
+        outs.append((pred, acc, num, draft))
+    assert int(outs[0][2].sum()) > 0, "no draft accepted: the comparison would not cover the accept path"
+    for g, w in zip(outs[1], outs[0]):
+        assert torch.equal(g, w)

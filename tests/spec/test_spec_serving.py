@@ -1,0 +1,146 @@
+"""End to end: stock `sglang.launch_server --speculative-algorithm NGRAM | NEXTN` on the CPU platform with
+SmolLM2-135M (float32), against the same model served without speculation.
+
+Greedy: token-for-token identical output on 4 prompts x 64 tokens, and the server's own counters show drafts
+were accepted. Sampling (temperature 0.8): the distribution of the second generated token (the first one a
+verify step decides) over many samples matches the non-speculative server's by a two-sample chi-square test
+at p = 0.001; a verifier that silently took the argmax would make that token a function of the first one,
+which the test also rules out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import requests
+
+PROMPTS = (
+    "The capital of France is",
+    "Write a Python function that returns the sum of a list of numbers.",
+    "List the days of the week: Monday, Tuesday,",
+    "Once upon a time, in a small village by the sea,",
+)
+NEW_TOKENS = 64
+# float32 (bf16 is emulated on CPUs without bf16 units); a small fixed pool; the memory fraction only has to
+# admit that pool (SGLang's free-memory profile is noisy on a shared machine).
+BASE_ARGS = ("--dtype", "float32", "--max-total-tokens", "3000", "--mem-fraction-static", "0.95",
+             "--random-seed", "0")
+NGRAM_ARGS = ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4")
+NEXTN_STEPS = 3
+SAMPLE_PROMPT = "My favourite animal is the"
+SAMPLES = 400  # per server
+SAMPLE_BATCH = 40
+CHI2_P = 0.001
+
+
+def generate(server, texts, **sampling) -> list[dict]:
+    body = {"text": list(texts), "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, **sampling}}
+    r = requests.post(f"{server.url}/generate", json=body, timeout=1800)
+    r.raise_for_status()
+    return r.json()
+
+
+def greedy_outputs(server) -> list[dict]:
+    return [generate(server, [p])[0] for p in PROMPTS]  # batch 1: the speculative path at its simplest
+
+
+def second_tokens(server) -> list[tuple[int, int]]:
+    pairs = []
+    for _ in range(SAMPLES // SAMPLE_BATCH):
+        outs = generate(server, [SAMPLE_PROMPT] * SAMPLE_BATCH, temperature=0.8, max_new_tokens=2, ignore_eos=True)
+        pairs.extend(tuple(o["output_ids"][:2]) for o in outs)
+    return pairs
+
+
+def chi2_two_sample(a: Counter, b: Counter, min_count: int = 10) -> tuple[float, int]:
+    """Two-sample chi-square statistic over categories with at least min_count pooled observations (the rest
+    pooled into one), and its degrees of freedom."""
+    na, nb = sum(a.values()), sum(b.values())
+    cats, other_a, other_b = [], 0, 0
+    for k in set(a) | set(b):
+        if a[k] + b[k] >= min_count:
+            cats.append((a[k], b[k]))
+        else:
+            other_a, other_b = other_a + a[k], other_b + b[k]
+    if other_a + other_b:
+        cats.append((other_a, other_b))
+    stat = 0.0
+    for ca, cb in cats:
+        total = ca + cb
+        ea, eb = total * na / (na + nb), total * nb / (na + nb)
+        stat += (ca - ea) ** 2 / ea + (cb - eb) ** 2 / eb
+    return stat, len(cats) - 1
+
+
+def chi2_critical(df: int, p: float) -> float:
+    from scipy.stats import chi2
+
+    return float(chi2.ppf(1 - p, df))
+
+
+@pytest.fixture(scope="module")
+def mtp_model_dir(model_dir, tmp_path_factory) -> str:
+    from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, write_mtp_checkpoint
+
+    out = tmp_path_factory.mktemp("mtp") / "smollm2-mtp"
+    return str(write_mtp_checkpoint(model_dir, out, fixed_seed_mtp_weights(model_dir, seed=0)))
+
+
+@pytest.fixture(scope="module")
+def reference(server_pool) -> dict:
+    """Non-speculative greedy outputs and sampled (first, second) token pairs, computed once."""
+    server = server_pool.get(*BASE_ARGS, name="spec-baseline")
+    return {"greedy": greedy_outputs(server), "pairs": second_tokens(server)}
+
+
+def assert_greedy_identical(server, reference) -> list[dict]:
+    outs = greedy_outputs(server)
+    for prompt, got, want in zip(PROMPTS, outs, reference["greedy"]):
+        assert got["output_ids"] == want["output_ids"], (
+            f"{prompt!r}: speculative {got['text']!r} != plain {want['text']!r}")
+        assert got["meta_info"]["completion_tokens"] == NEW_TOKENS
+    return outs
+
+
+def assert_sampling_matches(server, reference) -> None:
+    spec_pairs = second_tokens(server)
+    want, got = Counter(t for _, t in reference["pairs"]), Counter(t for _, t in spec_pairs)
+    stat, df = chi2_two_sample(want, got)
+    critical = chi2_critical(df, CHI2_P)
+    assert df >= 2, f"the sample prompt's second token is nearly deterministic ({dict(want)}): the test has no power"
+    assert stat < critical, (
+        f"second-token distribution differs: chi2 {stat:.1f} > {critical:.1f} (df {df}, p {CHI2_P}); "
+        f"plain {want.most_common(8)} vs speculative {got.most_common(8)}")
+    # Given the most frequent first token, the second must vary as much as without speculation (argmax-only
+    # verification would make it constant).
+    first = Counter(f for f, _ in spec_pairs).most_common(1)[0][0]
+    spec_given = Counter(t for f, t in spec_pairs if f == first)
+    ref_given = Counter(t for f, t in reference["pairs"] if f == first)
+    if len(ref_given) > 1 and sum(ref_given.values()) >= 50:
+        assert len(spec_given) > 1, f"after token {first} the speculative server always emits {dict(spec_given)}"
+
+
+def accepted_drafts(outs) -> int:
+    return sum(o["meta_info"]["completion_tokens"] - o["meta_info"]["spec_verify_ct"] for o in outs)
+
+
+def test_ngram_greedy_identical_and_sampling_matches(server_pool, reference):
+    server = server_pool.get(*BASE_ARGS, *NGRAM_ARGS, name="spec-ngram")
+    outs = assert_greedy_identical(server, reference)
+    assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in outs)
+    assert accepted_drafts(outs) > 0, "no NGRAM draft was ever accepted"
+    assert_sampling_matches(server, reference)
+
+
+def test_nextn_greedy_identical_and_sampling_matches(server_pool, reference, mtp_model_dir):
+    # The pool's servers all get the built-in model's --model-path first; argparse keeps the last one given.
+    server = server_pool.get(*BASE_ARGS, "--model-path", mtp_model_dir, "--speculative-algorithm", "NEXTN",
+                             "--speculative-draft-model-path", mtp_model_dir,
+                             "--speculative-num-steps", str(NEXTN_STEPS), "--speculative-eagle-topk", "1",
+                             "--speculative-num-draft-tokens", str(NEXTN_STEPS + 1), name="spec-nextn")
+    # The MiMo folder is the base model plus zero q/k/v biases: its plain output is the base model's.
+    outs = assert_greedy_identical(server, reference)
+    assert accepted_drafts(outs) > 0, "no MTP draft was ever accepted"
+    assert_sampling_matches(server, reference)
