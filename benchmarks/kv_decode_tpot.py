@@ -5,7 +5,9 @@
 For each `--kv-cache-dtype`: one real server (built-in model, float32 weights); for each batch size B, B
 streamed greedy requests sent at once (prompts: B different windows of --prompt tokens of the constitution
 text, ignore_eos) after a warm-up request. TPOT of a request = (end - first token) / (tokens - 1); the table
-gives the mean over the B requests. Prints a markdown table; --out writes the rows as JSON.
+gives the mean over the B requests. Prints a markdown table; --out writes the rows as JSON. At B > 1 a
+request's TPOT also contains the decode steps stalled by the other requests' prefills (all B arrive at once):
+compare runs of the same B and --prompt only.
 
 --attention-only: no server; one decode step's attention over the model's 30 layers (3 KV heads, 9 query
 heads, head_dim 64; B sequences of --prompt cached tokens in a shuffled pool), per-request reference loop (the
