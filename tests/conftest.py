@@ -1,6 +1,12 @@
 """Shared fixtures: the built-in model folder and a pool of real SGLang servers shared across tests."""
 
-import pytest
+import os
+
+# Triton kernels run on the CPU interpreter in CI. Set here, before any test module imports a kernel module
+# (Triton picks the interpreter when a kernel is defined); servers started by tests do not inherit it.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 from server import SHARED_SERVER_ARGS, ServerPool, ServerProcess
 

@@ -41,7 +41,10 @@ class ServerProcess:
         self.url = f"http://{HOST}:{self.port}"
         self.name = name
         self.log_path = Path(tempfile.mkdtemp(prefix="sglang-ext-test-")) / f"{name}.log"
-        self.env = {**os.environ, **(env or {})}
+        # A server runs its real code paths: the pytest process's TRITON_INTERPRET (set for the kernel tests)
+        # is not passed on unless a test asks for it.
+        self.env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        self.env.update(env or {})
         self.proc: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
 

@@ -1,6 +1,6 @@
 import os
 
-# Triton kernels run on the CPU interpreter in CI; must be set before any kernel module is imported.
+# Also set by tests/conftest.py; kept so this folder can run alone from another rootdir.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
