@@ -43,7 +43,8 @@ def generate(server, texts, **sampling) -> list[dict]:
 
 
 def greedy_outputs(server) -> list[dict]:
-    return [generate(server, [p])[0] for p in PROMPTS]  # batch 1: the speculative path at its simplest
+    # batch 1: the speculative path at its simplest; ignore_eos so every prompt runs all 64 tokens of verify steps
+    return [generate(server, [p], ignore_eos=True)[0] for p in PROMPTS]
 
 
 def second_tokens(server) -> list[tuple[int, int]]:
