@@ -122,6 +122,9 @@ HOOK_UPDATE_INTERMEDIATE_SIZE = "sglang.srt.configs.update_config.update_interme
 # passes q as [tokens, heads, head_dim], so the output comes back 3-D and o_proj fails. Its forward_extend and
 # forward_decode are hooked (AROUND) to flatten q to 2-D first (the backend views it as [-1, heads, head_dim]).
 TORCH_NATIVE_ATTN_BACKEND = "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
+# Its extend attends all prefix + new rows of a request (the prefix rows' queries uninitialised) and keeps the new
+# ones; the CPU platform hooks (AROUND) this method to attend only the new rows (platform/prefix_attention.py).
+HOOK_TORCH_NATIVE_SDPA_EXTEND = f"{TORCH_NATIVE_ATTN_BACKEND}._run_sdpa_forward_extend"
 # Checkpoint name prefixes SGLang's loaders rewrite before matching parameters: (old, new).
 CKPT_NAME_RENAMES = (("model.language_model.", "model."),)
 

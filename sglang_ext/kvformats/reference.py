@@ -23,7 +23,17 @@ def _num_kv_heads(planes: dict[str, torch.Tensor]) -> int:
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, logit_cap: float,
             mask: torch.Tensor | None) -> torch.Tensor:
-    """q [M, Hq, D], k/v [L, Hkv, D] float32, mask [M, L] bool (True = attend) -> [M, Hq, D]."""
+    """q [M, Hq, D], k/v [L, Hkv, D] float32, mask [M, L] bool (True = attend) -> [M, Hq, D].
+
+    Without a logit cap this is torch's scaled_dot_product_attention (the same math, blocked, without the
+    [Hq, M, L] score tensor: the CPU platform serves prefill through here). Rows that see no key come back
+    undefined; callers zero them."""
+    if logit_cap <= 0:
+        causal = mask is not None and mask.shape[0] == mask.shape[1] and bool(mask.equal(torch.ones_like(mask).tril()))
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.movedim(0, 1), k.movedim(0, 1), v.movedim(0, 1), attn_mask=None if causal else mask,
+            is_causal=causal, scale=sm_scale, enable_gqa=True)
+        return out.movedim(1, 0)
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
