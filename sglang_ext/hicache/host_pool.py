@@ -2,8 +2,10 @@
 
 SGLang's MHA host pool copies dense K/V rows and drops scales (upstream #36121). This pool keeps every plane
 of the device pool's format (codes and scales) per token, so host RAM holds the format's bytes per token and
-each device<->host move carries exactly those bytes. Moves are torch index copies (`kernels/host_pages.py`);
-host planes are one buffer, page-locked with cudaHostRegister when the device pool is on CUDA. Storage pages are the format's bytes in a
+each device<->host move carries exactly those bytes. Host planes are one buffer, page-locked with cudaHostRegister
+when the device pool is on CUDA. Moves: with `--hicache-io-backend kernel` on a GPU, one Triton launch per (layer,
+plane) that reads or writes the page-locked host rows in place (`kernels/host_transfer.py`); otherwise (`direct`,
+and always on the CPU platform) torch index copies (`kernels/host_pages.py`). Storage pages are the format's bytes in a
 layout-independent order, keyed by `storage_format_tag` (the format and its geometry), never by layout.
 """
 
@@ -15,7 +17,7 @@ import torch
 
 from sglang_ext import compat
 from sglang_ext.hicache.buffer_info import CompressedMHABufferInfo
-from sglang_ext.kernels import host_pages
+from sglang_ext.kernels import host_pages, host_transfer
 
 logger = logging.getLogger(__name__)
 
@@ -128,10 +130,19 @@ class CompressedMHAHostPool(compat.HostKVCache):
 
     # -- device <-> host -----------------------------------------------------------------------------------
 
+    def _use_kernel(self, io_backend) -> bool:
+        """The Triton path needs device planes on a GPU and page-locked host planes; `direct` keeps torch copies."""
+        return io_backend == "kernel" and self.pin_memory and self.device_layer_planes[0][
+            next(iter(self.plane_specs))].is_cuda
+
     def load_to_device_per_layer(
         self, device_pool, host_indices, device_indices, layer_id, io_backend, *, is_draft: bool = False
     ) -> None:
         if not 0 <= layer_id < self.layer_num:
+            return
+        if self._use_kernel(io_backend):
+            host_transfer.load_layer(self.host_planes, self.device_layer_planes[layer_id], self.layout, layer_id,
+                                     host_indices, device_indices)
             return
         host_pages.load_layer(
             self.host_planes,
@@ -144,6 +155,10 @@ class CompressedMHAHostPool(compat.HostKVCache):
         )
 
     def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend) -> None:
+        if self._use_kernel(io_backend):
+            host_transfer.backup_layers(self.host_planes, list(self.device_layer_planes), self.layout, host_indices,
+                                        device_indices)
+            return
         host_pages.backup_layers(
             self.host_planes, list(self.device_layer_planes), self.layout, host_indices, device_indices, self.page_size
         )

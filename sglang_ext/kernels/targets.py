@@ -79,10 +79,26 @@ def _variants():
                 "stride_o_h": i32, "FMT": C(fmt), "N4": C(kn4), "NB": C(d // 64), "BLOCK_N": C(16),
                 "LUT": C(decode.LUT_SELECT)}, {}))
     out.extend(_spec_variants())
+    out.extend(_host_transfer_variants())
     out.append(("decode_stage2 d256", decode._decode_stage2, {
         "mid_o": p32, "mid_lse": p32, "out_ptr": pb16, "kv_indptr": pi32, "num_kv_splits": pi32, "stride_mo_b": i32,
         "stride_mo_h": i32, "stride_mo_s": i32, "stride_ml_b": i32, "stride_ml_h": i32, "stride_o_b": i32, "stride_o_h": i32,
         "D": C(256), "MAX_SPLITS": C(16), "MIN_BLOCK": C(32)}, {}))
+    return out
+
+
+def _host_transfer_variants():
+    """HiCache host <-> device row copies: 8-byte words (bf16/int8 code rows) and 2-byte words (fp16 scale rows)."""
+    from . import host_transfer
+
+    i32 = "i32"
+    out = []
+    for word, row_words, rows, block in (("i64", 128, 16, 128), ("i16", 8, 64, 8)):
+        out.append((f"host_transfer copy_rows {word} x{row_words}", host_transfer._copy_rows_kernel, {
+            "src_ptr": f"*{word}", "dst_ptr": f"*{word}", "src_idx_ptr": "*i64", "dst_idx_ptr": "*i64", "n_rows": i32,
+            "src_page": i32, "src_page_stride": "i64", "src_row_stride": "i64", "src_base": "i64",
+            "dst_page": i32, "dst_page_stride": "i64", "dst_row_stride": "i64", "dst_base": "i64",
+            "ROW_WORDS": C(row_words), "ROWS": C(rows), "BLOCK": C(block)}, {}))
     return out
 
 
