@@ -18,6 +18,8 @@ Planes: k_codes uint8 [sum of K block bytes], k_scales float16 [D/64], v_codes u
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import rotation
@@ -116,14 +118,24 @@ class OctaveFormat(KVFormat):
         return {"k_codes": kc, "k_scales": ks, "v_codes": vc, "v_scales": vs}
 
     def dequantize_rotated(self, codes: torch.Tensor, scales: torch.Tensor, bits: tuple[int, ...]) -> torch.Tensor:
-        """Packed codes [..., bytes] + scales [..., NB] -> float32 [..., D] in the rotated basis."""
-        out, off = [], 0
+        """Packed codes [..., bytes] + scales [..., NB] -> float32 [..., D] in the rotated basis.
+
+        Same values as levels[unpack_block(...)] * scale, looked up a byte at a time (`_byte_levels`)."""
+        lead = codes.shape[:-1]
+        out = torch.empty(*lead, len(bits), BLOCK, dtype=torch.float32, device=codes.device)
+        off = 0
         for b, nbits in enumerate(bits):
-            nbytes = BLOCK_BYTES[nbits]
-            c = unpack_block(codes[..., off:off + nbytes], nbits)
-            out.append(levels_tensor(nbits, codes.device)[c] * scales[..., b:b + 1].to(torch.float32))
-            off += nbytes
-        return torch.cat(out, dim=-1)
+            block = codes[..., off:off + BLOCK_BYTES[nbits]]
+            if nbits == 4:  # one byte -> its two dims' levels
+                idx = block
+            else:  # a 2-bit-plane byte (4 dims) + the matching nibble of the 1-bit plane -> 4 dims' levels
+                p1 = block[..., 16:24]
+                nibbles = torch.stack([p1 & 15, p1 >> 4], dim=-1).reshape(*lead, 16)
+                idx = block[..., :16].to(torch.int32) | (nibbles.to(torch.int32) << 8)
+            vals = _byte_levels(nbits, codes.device)[idx.long()].reshape(*lead, BLOCK)
+            torch.mul(vals, scales[..., b:b + 1].to(torch.float32), out=out[..., b, :])
+            off += BLOCK_BYTES[nbits]
+        return out.reshape(*lead, len(bits) * BLOCK)
 
     def dequantize_rotated_kv(self, planes):
         k = self.dequantize_rotated(planes["k_codes"], planes["k_scales"], self.k_bits)
@@ -133,3 +145,21 @@ class OctaveFormat(KVFormat):
     def dequantize(self, planes):
         k, v = self.dequantize_rotated_kv(planes)
         return rotation.unrotate(k, rotation.K_TENSOR), rotation.unrotate(v, rotation.V_TENSOR)
+
+
+@functools.cache
+def _byte_levels_cpu(bits: int) -> torch.Tensor:
+    """4 bits: [256, 2], a packed byte's two dims (low nibble first). 3 bits: [4096, 4], index = 2-bit-plane byte
+    | (1-bit-plane nibble << 8), the four dims that byte covers. Levels as float32, from unpack_block itself."""
+    if bits == 4:
+        packed = torch.arange(256, dtype=torch.uint8).view(256, 1).repeat(1, BLOCK_BYTES[4])
+        return levels_tensor(4, "cpu")[unpack_block(packed, 4)[:, :2]].contiguous()
+    i = torch.arange(4096)
+    packed = torch.zeros(4096, BLOCK_BYTES[3], dtype=torch.uint8)
+    packed[:, 0] = (i & 255).to(torch.uint8)  # dims 0-3: low bits from plane-2 byte 0
+    packed[:, 16] = (i >> 8).to(torch.uint8)  # dims 0-3: high bits from plane-1 byte 0, bits 0-3
+    return levels_tensor(3, "cpu")[unpack_block(packed, 3)[:, :4]].contiguous()
+
+
+def _byte_levels(bits: int, device) -> torch.Tensor:
+    return _byte_levels_cpu(bits).to(device)

@@ -68,7 +68,9 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
                      mask_indptr: torch.Tensor | None = None) -> torch.Tensor:
     """New tokens of each request attend to its compressed prefix (read from planes through kv_indices, which
     cover the prefix only) and to the new tokens themselves, taken at full precision from k_extend/v_extend
-    (as SGLang's extend does), causally when is_causal.
+    (as SGLang's extend does), causally when is_causal. Attention runs in the format's basis (octave: q and the
+    new K/V rotated once, the output un-rotated once; no cached row is un-rotated); the rotation is orthonormal,
+    so this is the same attention as in the original basis.
 
     custom_mask (speculative verify with tree drafts) replaces the causal mask: SGLang's layout, for request b
     a row-major bool block [m_b, l_b + m_b] at mask_indptr[b] (columns: its l_b prefix slots, then its m_b
@@ -86,11 +88,11 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
             continue
         slots = kv_indices[kv[b]:kv[b + 1]].long()
         if slots.numel():
-            kp, vp = fmt.dequantize(gather_planes(planes, slots))
+            kp, vp = fmt.dequantize_rotated_kv(gather_planes(planes, slots))
         else:
             kp = vp = torch.zeros(0, h_kv, fmt.head_dim, dtype=torch.float32, device=q_extend.device)
-        k = torch.cat([kp, k_extend[q0:q1].float()])
-        v = torch.cat([vp, v_extend[q0:q1].float()])
+        k = torch.cat([kp, fmt.rotate_k(k_extend[q0:q1])])
+        v = torch.cat([vp, fmt.rotate_v(v_extend[q0:q1])])
         m, lp = q1 - q0, slots.numel()
         mask = None
         if custom_mask is not None:
@@ -99,7 +101,7 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
         elif is_causal:
             cols = torch.arange(lp + m, device=q_extend.device)
             mask = cols[None, :] <= (lp + torch.arange(m, device=q_extend.device))[:, None]
-        out = _attend(q_extend[q0:q1].float(), k, v, sm_scale, logit_cap, mask)
+        out = fmt.unrotate_v(_attend(fmt.rotate_k(q_extend[q0:q1]), k, v, sm_scale, logit_cap, mask))
         if mask is not None:
             out = torch.where(mask.any(dim=1)[:, None, None], out, torch.zeros_like(out))
         o[q0:q1] = out
