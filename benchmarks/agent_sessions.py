@@ -4,14 +4,17 @@ the storage tier after a restart, per context size and per --kv-cache-dtype.
     python benchmarks/agent_sessions.py --kv-cache-dtypes bf16,int8 --contexts 512,1024,2048,4096 \
         --out docs/benchmarks/agent-sessions.md
 
-For each KV format one server (float32 weights, HiCache host tier 2x the device pool, `--hicache-storage-backend
-file` in a fresh folder) replays, for each of --sessions sessions and each context size C, an agent
+For each KV format one server (float32 weights, HiCache host tier --hicache-ratio x the device pool (default 4: the
+host holds every history plus the flood), `--hicache-storage-backend file` in a fresh folder) replays, for each of --sessions sessions and each context size C, an agent
 conversation whose system prompt + tool docs + history is about C tokens:
   cold     turn 1: nothing cached;
   warm     turn 2 (= turn 1 + its answer + a new message): the history is on device;
   host     one-off traffic larger than the device pool pushes every history to the host tier, then turn 3;
-  storage  the server is restarted on the same storage folder (device and host empty), then turn 4.
-TTFT is the client wall time of a non-streaming chat request with max_tokens=1 (prefill + one token). The
+  storage  once the storage folder stops growing, the server is restarted on it (device and host empty), then
+           turn 4 (prefetch policy wait_complete: the whole stored history is loaded before the prefill).
+TTFT is the client wall time of a non-streaming chat request with max_tokens=1 (prefill + one token). Before
+each turn after the first the client waits --think-seconds (an agent reads the answer or runs a tool between turns;
+the server's background write-through to host and storage of the previous turn then does not land in the TTFT). The
 cached tokens per tier come from the server (`sglext.cached_tokens_details`). A format the server refuses
 is skipped with its error line. Host bytes per cached token come from the host pool's own start-up line.
 """
@@ -41,11 +44,11 @@ KV_DTYPE_FLAG = {"bf16": "bf16"}  # our names -> --kv-cache-dtype values (others
 CONDITIONS = ("cold", "warm", "host", "storage")
 
 
-def server_args(kv_dtype: str, device_tokens: int) -> list[str]:
+def server_args(kv_dtype: str, device_tokens: int, hicache_ratio: float = 4) -> list[str]:
     return ["--dtype", "float32", "--kv-cache-dtype", KV_DTYPE_FLAG.get(kv_dtype, kv_dtype), "--enable-cache-report",
-            "--max-total-tokens", str(device_tokens), "--enable-hierarchical-cache", "--hicache-ratio", "2",
+            "--max-total-tokens", str(device_tokens), "--enable-hierarchical-cache", "--hicache-ratio", f"{hicache_ratio:g}",
             "--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first",
-            "--hicache-storage-backend", "file"]
+            "--hicache-storage-backend", "file", "--hicache-storage-prefetch-policy", "wait_complete"]
 
 
 def history(session: int, context_tokens: int) -> list[dict]:
@@ -58,7 +61,8 @@ def history(session: int, context_tokens: int) -> list[dict]:
 
 
 def chat_turn(url: str, messages: list[dict]) -> dict:
-    body = {"model": "default", "messages": messages, "max_tokens": 1, "temperature": 0}
+    body = {"model": "default", "messages": messages, "max_tokens": 1, "temperature": 0,
+            "return_cached_tokens_details": True}
     t0 = time.perf_counter()
     r = requests.post(f"{url}/v1/chat/completions", json=body, timeout=1800)
     ttft = time.perf_counter() - t0
@@ -79,15 +83,31 @@ def flood(server: ServerProcess, tokens: int) -> None:
         done += out["meta_info"]["prompt_tokens"]
 
 
+def wait_storage_settled(storage_dir: str, quiet_s: float = 3.0, limit_s: float = 120.0) -> float:
+    """Wait until the storage folder stops growing for quiet_s (the server writes pages in the background;
+    a restart before that loses the pages not yet written). Returns the seconds waited."""
+    def size() -> int:
+        return sum(f.stat().st_size for f in Path(storage_dir).rglob("*") if f.is_file())
+    t0 = last_change = time.monotonic()
+    last = size()
+    while time.monotonic() - last_change < quiet_s and time.monotonic() - t0 < limit_s:
+        time.sleep(0.5)
+        now = size()
+        if now != last:
+            last, last_change = now, time.monotonic()
+    return time.monotonic() - t0
+
+
 def start(model: str, args: list[str], storage_dir: str, name: str) -> ServerProcess:
     env = {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": storage_dir}
     return ServerProcess(model, args, env=env, name=name).start(attempts=2)
 
 
-def run_format(model: str, kv_dtype: str, contexts: list[int], sessions: int) -> dict:
+def run_format(model: str, kv_dtype: str, contexts: list[int], sessions: int, hicache_ratio: float,
+               think_s: float = 2.0) -> dict:
     device_tokens = max(contexts) + 1024
     storage_dir = tempfile.mkdtemp(prefix=f"agent-sessions-{kv_dtype}-")
-    args = server_args(kv_dtype, device_tokens)
+    args = server_args(kv_dtype, device_tokens, hicache_ratio)
     try:
         server = start(model, args, storage_dir, f"agent-{kv_dtype}")
     except RuntimeError as exc:
@@ -103,13 +123,16 @@ def run_format(model: str, kv_dtype: str, contexts: list[int], sessions: int) ->
                 cold = chat_turn(server.url, msgs)
                 msgs += [{"role": "assistant", "content": cold["answer"]},
                          {"role": "user", "content": "Turn 2: and then?"}]
+                time.sleep(think_s)
                 warm = chat_turn(server.url, msgs)
                 conv[(s, c)] = (msgs, {"cold": cold, "warm": warm})
         flood(server, device_tokens)
         for (s, c), (msgs, res) in conv.items():
             msgs += [{"role": "assistant", "content": res["warm"]["answer"]},
                      {"role": "user", "content": "Turn 3: after a pause, continue."}]
+            time.sleep(think_s)
             res["host"] = chat_turn(server.url, msgs)
+        wait_storage_settled(storage_dir)
     finally:
         server.stop()
     server = start(model, args, storage_dir, f"agent-{kv_dtype}-restart")
@@ -117,6 +140,7 @@ def run_format(model: str, kv_dtype: str, contexts: list[int], sessions: int) ->
         for (s, c), (msgs, res) in conv.items():
             msgs += [{"role": "assistant", "content": res["host"]["answer"]},
                      {"role": "user", "content": "Turn 4: after a restart, continue."}]
+            time.sleep(think_s)
             try:
                 res["storage"] = chat_turn(server.url, msgs)
             except requests.RequestException as exc:  # reported in the table, not hidden
@@ -181,6 +205,8 @@ def main() -> int:
     ap.add_argument("--kv-cache-dtypes", default="bf16", help="comma-separated: bf16,int8,octave_k3v4,...")
     ap.add_argument("--contexts", default="512,1024,2048,4096", help="comma-separated context sizes (tokens)")
     ap.add_argument("--sessions", type=int, default=1, help="sessions per context size (TTFT is their median)")
+    ap.add_argument("--hicache-ratio", type=float, default=4, help="host tier size / device pool size")
+    ap.add_argument("--think-seconds", type=float, default=2.0, help="client pause before each later turn")
     ap.add_argument("--json", type=Path, help="also write the raw measurements here")
     ap.add_argument("--out", type=Path, help="write the markdown table here (and a .svg plot next to it)")
     a = ap.parse_args()
@@ -189,7 +215,7 @@ def main() -> int:
     results, series = {}, {}
     for fmt in [f.strip() for f in a.kv_cache_dtypes.split(",") if f.strip()]:
         t0 = time.monotonic()
-        res = run_format(model, fmt, contexts, a.sessions)
+        res = run_format(model, fmt, contexts, a.sessions, a.hicache_ratio, a.think_seconds)
         res["wall_s"] = time.monotonic() - t0
         results[fmt] = res
         if "skipped" in res:
@@ -208,20 +234,26 @@ def main() -> int:
     return 0
 
 
+def tier(details: dict, name: str) -> str:
+    """Tokens the server reports from one tier (`cached_tokens_details`), or '?' when it did not report."""
+    return str(details[name]) if isinstance(details, dict) and name in details else "?"
+
+
 def markdown(results: dict, series: dict, svg_name: str) -> str:
     lines = ["| KV format | prompt tokens | cold TTFT | warm (device) | from host | from storage | "
-             "warm / cold | host / cold | storage / cold | cached: warm / host / storage |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "warm / cold | host / cold | storage / cold | cached: warm / host / storage | "
+             "of which from host tier / from storage tier |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for fmt, entries in series.items():
         for e in entries:
             lines.append(
                 f"| {fmt} | {e['prompt_tokens']} | {e['cold']:.3f} s | {e['warm']:.3f} s | {e['host']:.3f} s | "
                 f"{e['storage']:.3f} s | {100 * e['warm'] / e['cold']:.1f} % | {100 * e['host'] / e['cold']:.1f} % | "
                 f"{100 * e['storage'] / e['cold']:.1f} % | {e['warm_cached']} / {e['host_cached']} / "
-                f"{e['storage_cached']} |")
+                f"{e['storage_cached']} | {tier(e['host_details'], 'host')} / {tier(e['storage_details'], 'storage')} |")
     for fmt, res in results.items():
         if "skipped" in res:
-            lines.append(f"| {fmt} | skipped: {res['skipped']} | | | | | | | | |")
+            lines.append(f"| {fmt} | skipped: {res['skipped']} | | | | | | | | | |")
     host_lines = []
     for fmt, res in results.items():
         hp = res.get("host_pool")
