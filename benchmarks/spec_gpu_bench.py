@@ -13,8 +13,12 @@ since the torch ops read tensors on the host).
 (b) SmolLM2-135M's shape (30 layers, hidden 576, 9 heads, 3 KV heads, head_dim 64, MLP 1536, vocab 49152, tied
 embeddings) with random bf16 weights in plain torch, each step captured in a CUDA graph: one decode step, one
 target-verify step over 4 tokens, one MTP draft step (1 decoder layer + lm_head), at context 1k and 8k.
+Attention is torch SDPA with the GQA groups folded into the query rows (flash for decode, memory-efficient with a
+mask for verify); RMSNorm is torch's rms_norm; RoPE tables are computed outside the graph. Unfused elsewhere, so
+a step costs more kernels than in a serving engine; decode and verify pay that alike.
 Speed-up model: accept_len x t_decode / (t_verify + 3 t_draft + t_spec_ops) with t_spec_ops the measured time of
-the per-round Triton ops (greedy: verify; sampling: tree sampling verify; plus the two slot-bookkeeping kernels).
+the per-round Triton ops at batch 1 (greedy: verify_tree_greedy; sampling: tree sampling verify; plus
+assign_extend_cache_locs and fill_accept_out_cache_loc), once as pipelined launches, once host-synchronised.
 """
 
 from __future__ import annotations
@@ -75,6 +79,20 @@ def _random_tree_links(bs, n, chain, rng):
     return mask, out[1], out[2], out[3]
 
 
+def pipelined_time_us(fn, reps: int) -> float:
+    """Device time per call of `reps` back-to-back calls with no synchronisation between them (CUDA events): what
+    a launch costs when the host keeps ahead of the device (the launcher's Python and the launch itself)."""
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1000 / reps
+
+
 def _compare(name, bs, run_torch, run_triton, reps):
     """run_*() -> tuple of output tensors. Exact equality of every output; both timed."""
     want = run_torch()
@@ -82,8 +100,10 @@ def _compare(name, bs, run_torch, run_triton, reps):
     equal = all(torch.equal(g.cpu(), w.cpu()) for g, w in zip(got, want))
     row = {"op": name, "batch": bs, "exact_match": equal,
            "torch_us": round(host_time_us(run_torch, reps), 1), "triton_us": round(host_time_us(run_triton, reps), 1)}
-    print(f"{name:<34} bs={bs:<2} match={equal!s:<5} torch {row['torch_us']:>9.1f} us  triton {row['triton_us']:>7.1f} us",
-          flush=True)
+    if torch.cuda.is_available():
+        row["triton_pipelined_us"] = round(pipelined_time_us(run_triton, reps), 1)
+    print(f"{name:<34} bs={bs:<2} match={equal!s:<5} torch {row['torch_us']:>9.1f} us  triton {row['triton_us']:>7.1f} us"
+          f"  pipelined {row.get('triton_pipelined_us', float('nan')):>6.1f} us", flush=True)
     return row
 
 
@@ -205,46 +225,49 @@ class TinyLlama:
                             n1=torch.ones(hidden, device=device, dtype=torch.bfloat16),
                             n2=torch.ones(hidden, device=device, dtype=torch.bfloat16)) for _ in range(layers)]
         self.norm = torch.ones(hidden, device=device, dtype=torch.bfloat16)
+        # KV cache per layer: [1, kv_heads, max_ctx, head_dim], random (never attend to zeros)
         self.k_cache = [torch.randn(1, kv_heads, max_ctx, head_dim, generator=g).to(device, torch.bfloat16)
                         for _ in range(layers)]
         self.v_cache = [torch.randn(1, kv_heads, max_ctx, head_dim, generator=g).to(device, torch.bfloat16)
                         for _ in range(layers)]
-        inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
-        self.inv_freq = inv
+        self.inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
 
-    @staticmethod
-    def rms(x, weight):
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * weight
-
-    def rope(self, x, pos):  # x [1, heads, q, d]; pos [q] int64
+    def rope_tables(self, pos):
+        """cos, sin [q, head_dim / 2] for positions pos (computed once per step shape, outside the graph, as
+        serving engines cache them)."""
         ang = pos.float()[:, None] * self.inv_freq[None, :]
-        cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
-        x1, x2 = x[..., ::2], x[..., 1::2]
-        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
+        return ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
 
-    def layer(self, i, x, pos, ctx, attn_mask):
+    def rms(self, x, weight):
+        return torch.nn.functional.rms_norm(x, (self.h,), weight, 1e-5)
+
+    def layer(self, i, x, rope, ctx, attn_mask):
         p = self.layers[i]
-        q_len = x.shape[0]
+        q_len, group, half = x.shape[0], self.nh // self.nkv, self.hd // 2
         qkv = self.rms(x, p["n1"]) @ p["qkv"].t()
-        q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], -1)
-        q = self.rope(q.view(q_len, self.nh, self.hd).transpose(0, 1)[None], pos)
-        k = self.rope(k.view(q_len, self.nkv, self.hd).transpose(0, 1)[None], pos)
-        v = v.view(q_len, self.nkv, self.hd).transpose(0, 1)[None]
-        self.k_cache[i][:, :, ctx:ctx + q_len] = k
-        self.v_cache[i][:, :, ctx:ctx + q_len] = v
+        qk = qkv[:, :(self.nh + self.nkv) * self.hd].view(q_len, self.nh + self.nkv, self.hd)
+        cos, sin = rope[0][:, None, :], rope[1][:, None, :]
+        x1, x2 = qk[..., :half], qk[..., half:]
+        qk = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)  # rotate-half RoPE (Llama)
+        v = qkv[:, (self.nh + self.nkv) * self.hd:].view(q_len, self.nkv, self.hd)
+        self.k_cache[i][0, :, ctx:ctx + q_len] = qk[:, self.nh:].transpose(0, 1)
+        self.v_cache[i][0, :, ctx:ctx + q_len] = v.transpose(0, 1)
         kk, vv = self.k_cache[i][:, :, :ctx + q_len], self.v_cache[i][:, :, :ctx + q_len]
-        o = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=attn_mask, enable_gqa=True)
-        x = x + o[0].transpose(0, 1).reshape(q_len, -1) @ p["o"].t()
+        # GQA folded into the query rows: q head h reads kv head h // group, so [kv_heads, group * q, d] queries
+        # attend to [kv_heads, ctx, d] keys with no head expansion.
+        q = qk[:, :self.nh].transpose(0, 1).reshape(1, self.nkv, group * q_len, self.hd)
+        o = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=attn_mask)
+        o = o.view(self.nh, q_len, self.hd).transpose(0, 1).reshape(q_len, -1)
+        x = x + o @ p["o"].t()
         gate, up = (self.rms(x, p["n2"]) @ p["gate_up"].t()).chunk(2, -1)
         return x + (torch.nn.functional.silu(gate) * up) @ p["down"].t()
 
-    def forward(self, tokens, pos, ctx, layers, attn_mask=None, extra=None):
+    def forward(self, tokens, rope, ctx, layers, attn_mask=None, extra=None):
         x = self.embed[tokens]
         if extra is not None:  # MTP: project [embedding, previous hidden] back to hidden
             x = torch.cat((x, extra), -1) @ self.eh_proj.t()
         for i in layers:
-            x = self.layer(i, x, pos, ctx, attn_mask)
+            x = self.layer(i, x, rope, ctx, attn_mask)
         return self.rms(x, self.norm) @ self.embed.t()
 
 
@@ -280,17 +303,18 @@ def model_rows(device, reps, contexts, shape):
     for ctx in contexts:
         one = torch.tensor([5], device=device)
         four = torch.tensor([5, 6, 7, 8], device=device)
-        pos1 = torch.tensor([ctx], device=device)
-        pos4 = torch.arange(ctx, ctx + 4, device=device)
-        # verify: draft token i sees the context and drafts 0..i
+        rope1 = model.rope_tables(torch.tensor([ctx], device=device))
+        rope4 = model.rope_tables(torch.arange(ctx, ctx + 4, device=device))
+        # verify: draft token i sees the context and drafts 0..i; rows repeated per folded query head
         verify_mask = torch.ones(4, ctx + 4, dtype=torch.bool, device=device)
         verify_mask[:, ctx:] = torch.tril(torch.ones(4, 4, dtype=torch.bool, device=device))
+        verify_mask = verify_mask.repeat(shape["heads"] // shape["kv_heads"], 1)
         hidden_prev = torch.randn(1, shape["hidden"], device=device, dtype=torch.bfloat16)
         all_layers = range(shape["layers"])
         with torch.inference_mode():
-            t_decode = graph_time_us(lambda: model.forward(one, pos1, ctx, all_layers), reps)
-            t_verify = graph_time_us(lambda: model.forward(four, pos4, ctx, all_layers, verify_mask), reps)
-            t_draft = graph_time_us(lambda: model.forward(one, pos1, ctx, mtp_layer, extra=hidden_prev), reps)
+            t_decode = graph_time_us(lambda: model.forward(one, rope1, ctx, all_layers), reps)
+            t_verify = graph_time_us(lambda: model.forward(four, rope4, ctx, all_layers, verify_mask), reps)
+            t_draft = graph_time_us(lambda: model.forward(one, rope1, ctx, mtp_layer, extra=hidden_prev), reps)
         rows.append({"context": ctx, "t_decode_us": round(t_decode, 1), "t_verify4_us": round(t_verify, 1),
                      "t_draft_us": round(t_draft, 1)})
         print(f"ctx {ctx:>5}: decode {t_decode:7.1f} us  verify(4) {t_verify:7.1f} us  draft {t_draft:7.1f} us",
@@ -299,18 +323,21 @@ def model_rows(device, reps, contexts, shape):
 
 
 def speedup_rows(model, kernels):
-    """accept_len x t_decode / (t_verify + 3 t_draft + t_spec_ops) at batch 1, per context, verify mode, accept len."""
-    def t(op):
-        return next(r["triton_us"] for r in kernels if r["batch"] == 1 and r["op"].startswith(op))
-    bookkeeping = t("assign_extend_cache_locs") + t("fill_accept_out_cache_loc")
-    spec_ops = {"greedy": t("verify_tree_greedy n4") + bookkeeping,
-                "sampling": t("tree_speculative_sampling n4") + bookkeeping}
+    """accept_len x t_decode / (t_verify + 3 t_draft + t_spec_ops) at batch 1, per context, verify mode, accept len,
+    and op timing (pipelined launches, or each launch followed by a host synchronisation)."""
     out = []
-    for m in model:
-        for mode, t_ops in spec_ops.items():
-            denom = m["t_verify4_us"] + 3 * m["t_draft_us"] + t_ops
-            out.append({"context": m["context"], "verify": mode, "t_spec_ops_us": round(t_ops, 1),
-                        **{f"speedup_at_{a}": round(a * m["t_decode_us"] / denom, 2) for a in ACCEPT_LENGTHS}})
+    for timing, key in (("pipelined", "triton_pipelined_us"), ("host-synced", "triton_us")):
+        def t(op, key=key):
+            return next(r[key] for r in kernels if r["batch"] == 1 and r["op"].startswith(op))
+        bookkeeping = t("assign_extend_cache_locs") + t("fill_accept_out_cache_loc")
+        spec_ops = {"greedy": t("verify_tree_greedy n4") + bookkeeping,
+                    "sampling": t("tree_speculative_sampling n4") + bookkeeping}
+        for m in model:
+            for mode, t_ops in spec_ops.items():
+                denom = m["t_verify4_us"] + 3 * m["t_draft_us"] + t_ops
+                out.append({"context": m["context"], "verify": mode, "op_timing": timing,
+                            "t_spec_ops_us": round(t_ops, 1),
+                            **{f"speedup_at_{a}": round(a * m["t_decode_us"] / denom, 2) for a in ACCEPT_LENGTHS}})
     return out
 
 
@@ -333,9 +360,9 @@ def main() -> int:
         result["model"] = model_rows(device, reps=20 if args.quick else 200, contexts=(1024, 8192), shape=shape)
         result["speedup_model"] = speedup_rows(result["model"], result["kernels"])
         (out / "spec_gpu.json").write_text(json.dumps(result, indent=1))
-        print("\ncontext verify  t_spec_ops  " + "  ".join(f"acc {a}" for a in ACCEPT_LENGTHS))
+        print("\ncontext verify   op timing    t_spec_ops  " + "  ".join(f"acc {a}" for a in ACCEPT_LENGTHS))
         for r in result["speedup_model"]:
-            print(f"{r['context']:>7} {r['verify']:<8} {r['t_spec_ops_us']:>8.1f}us  "
+            print(f"{r['context']:>7} {r['verify']:<8} {r['op_timing']:<12} {r['t_spec_ops_us']:>8.1f}us  "
                   + "  ".join(f"{r[f'speedup_at_{a}']:>7.2f}" for a in ACCEPT_LENGTHS))
     bad = [r for r in result["kernels"] if not r["exact_match"]]
     print(f"\n{len(result['kernels']) - len(bad)} of {len(result['kernels'])} kernel comparisons exact")
