@@ -102,7 +102,8 @@ def _compare(name, bs, run_torch, run_triton, reps):
            "torch_us": round(host_time_us(run_torch, reps), 1), "triton_us": round(host_time_us(run_triton, reps), 1)}
     if torch.cuda.is_available():
         row["triton_pipelined_us"] = round(pipelined_time_us(run_triton, reps), 1)
-    print(f"{name:<34} bs={bs:<2} match={equal!s:<5} torch {row['torch_us']:>9.1f} us  triton {row['triton_us']:>7.1f} us"
+    print(f"{name:<34} bs={bs:<2} match={equal!s:<5} torch {row['torch_us']:>9.1f} us"
+          f"  triton {row['triton_us']:>7.1f} us"
           f"  pipelined {row.get('triton_pipelined_us', float('nan')):>6.1f} us", flush=True)
     return row
 

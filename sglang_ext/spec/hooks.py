@@ -100,7 +100,8 @@ def _register_cpu() -> list[str]:
             compat.HookRegistry.register(f"{module_name}.{name}", getattr(eagle_ops, name), compat.HookType.REPLACE)
     compat.HookRegistry.register(compat.HOOK_DRAFT_BACKEND_FACTORY_CREATE, add_torch_native, compat.HookType.AROUND)
     compat.HookRegistry.register(compat.HOOK_TORCH_NATIVE_FORWARD_EXTEND, _forward_extend, compat.HookType.AROUND)
-    provide_module(compat.SPEC_RECONSTRUCT_TREE_MODULE, _provide_reconstruct_tree(impls[compat.SPEC_RECONSTRUCT_TREE_FN]))
+    reconstruct = impls[compat.SPEC_RECONSTRUCT_TREE_FN]
+    provide_module(compat.SPEC_RECONSTRUCT_TREE_MODULE, _provide_reconstruct_tree(reconstruct))
     _patch_attrs(compat.SPEC_NONE_ATTRS, impls, require_none=True)
     return ["speculative decoding ops (torch) on the cpu platform"]
 

@@ -128,7 +128,7 @@ def _random_draft(bs, topk, depth, n, rng):
 @pytest.mark.parametrize("topk,depth,n,bs,full", [(1, 4, 4, 3, True), (2, 3, 5, 2, True), (4, 4, 8, 3, True),
                                                   (4, 4, 8, 2, False), (8, 5, 16, 2, True), (1, 1, 1, 2, False)])
 def test_build_tree_kernel_matches_torch(topk, depth, n, bs, full, device):
-    """Every output buffer equal to the torch op's, the prefix columns of the full mask left as the caller filled them."""
+    """Every output buffer equal to the torch op's; the full mask's prefix columns left as the caller filled them."""
     rng = random.Random(topk * 100 + n * 10 + bs)
     parent_list, selected = _random_draft(bs, topk, depth, n, rng)
     selected = selected.view(bs, n - 1)
