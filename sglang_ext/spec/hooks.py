@@ -73,7 +73,8 @@ def _set_attrs(impls: dict[str, Callable], names: tuple[str, ...], only_bound: b
 
 
 def _patch_attrs(attrs: dict[str, tuple[str, ...]], impls: dict[str, Callable], require_none: bool,
-                 patch=after_import) -> None:
+                 patch=None) -> None:
+    patch = patch or after_import
     for module_name, names in attrs.items():
         patch(module_name, _set_attrs(impls, names, require_none=require_none))
         for importer in compat.SPEC_NONE_ATTR_IMPORTERS:
