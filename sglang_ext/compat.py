@@ -173,14 +173,22 @@ SPEC_TREE_MASK_FULL, SPEC_TREE_MASK_QLEN_ONLY = 0, 1
 # same name with the one public function NGRAM calls.
 SPEC_RECONSTRUCT_TREE_MODULE = f"{SPEC_OPS_MODULE}.reconstruct_tree"
 SPEC_RECONSTRUCT_TREE_FN = "reconstruct_indices_from_tree_mask_func"
-# Module attributes that are None on a platform without CUDA/HIP/NPU/MUSA kernels (resolved at import).
-SPEC_NONE_ATTRS = {
-    f"{SPEC_OPS_MODULE}.verify_sampling": ("tree_speculative_sampling_target_only",),
-    "sglang.kernels.ops.sampling.renorm": ("top_k_renorm_prob", "top_p_renorm_prob"),
-}
+# Module attributes resolved per platform at import: None on a platform without CUDA/HIP/NPU/MUSA kernels; on HIP
+# the tree sampling is None too, on CUDA it is the JIT op (sampling.cuh) and renorm is FlashInfer's (a LazyImport).
+SPEC_VERIFY_SAMPLING_ATTRS = {f"{SPEC_OPS_MODULE}.verify_sampling": ("tree_speculative_sampling_target_only",)}
+SPEC_RENORM_ATTRS = {"sglang.kernels.ops.sampling.renorm": ("top_k_renorm_prob", "top_p_renorm_prob")}
+SPEC_NONE_ATTRS = {**SPEC_VERIFY_SAMPLING_ATTRS, **SPEC_RENORM_ATTRS}
 # Modules that bind those names with `from ... import` (they may be imported before the plugin loads, so their
 # copies are patched too).
 SPEC_NONE_ATTR_IMPORTERS = ("sglang.srt.speculative.eagle_utils", "sglang.srt.speculative.dflash_utils")
+# --- speculative decoding on CUDA / HIP (sglang_ext/spec/gpu_plan.py says which op replaces which) ---
+# NGRAM's tree reconstruction: imports on CUDA/HIP (JIT op), so replaced like the functions above.
+HOOK_SPEC_RECONSTRUCT_TREE = f"{SPEC_RECONSTRUCT_TREE_MODULE}.{SPEC_RECONSTRUCT_TREE_FN}"
+# eagle_sample asks this predicate whether to verify greedily; it answers True for every HIP run without
+# --speculative-use-rejection-sampling (keyword-only: is_all_greedy, is_cpu, is_hip, is_xpu, use_rejection_sampling).
+HOOK_SPEC_VERIFY_USES_GREEDY = "sglang.srt.speculative.eagle_utils._verify_uses_greedy"
+# FlashInfer, which SGLang's CUDA tree sampling (JIT headers) and renorm need.
+FLASHINFER_MODULE = "flashinfer"
 # TARGET_VERIFY through torch_native attention: forward_extend assumes a prefill batch.
 HOOK_TORCH_NATIVE_FORWARD_EXTEND = (
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend")

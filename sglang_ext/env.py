@@ -32,3 +32,8 @@ PLE_STAGING_ROWS = "SGLANG_EXT_PLE_STAGING_ROWS"
 # Seconds of session retention (`--session-retention-seconds`), exported by the launcher for the scheduler
 # processes, which build the radix cache. Unset or 0: off.
 SESSION_RETENTION_SECONDS = "SGLANG_EXT_SESSION_RETENTION_SECONDS"
+
+# Our Triton speculative-decoding ops on CUDA / HIP (spec/gpu_plan.py): "auto" (default: only where SGLang's own
+# op is missing or greedy-only), "all" (every op SGLang builds natively: tree build, reconstruction, greedy and
+# sampling verification, renormalisation), "off" (none).
+SPEC_GPU_OPS = "SGLANG_EXT_SPEC_GPU_OPS"

@@ -98,3 +98,74 @@ def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, ret
     _verify_tree_greedy_kernel[(bs,)](predicts, accept_index, accept_token_num, candidates, retrieve_index,
                                       retrieve_next_token, retrieve_next_sibling, target_predict,
                                       STEPS=accept_index.shape[1], N=n)
+
+
+@triton.jit
+def _build_tree_kernel(parent_list_ptr, selected_ptr, seq_len_ptr, prefix_ptr, mask_ptr, positions_ptr,
+                       retrieve_index_ptr, next_token_ptr, next_sibling_ptr, parent_stride, selected_stride,
+                       TOPK: tl.constexpr, DEPTH: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr,
+                       FULL_MASK: tl.constexpr):
+    b = tl.program_id(0)
+    idx = tl.arange(0, BLOCK_N)
+    row = idx[:, None]
+    col = idx[None, :]
+    # parent node of node i (i >= 1): its slot sel[i-1] // topk; slot 0 = root, slot s = the node whose selected
+    # index equals parent_list[s] (first match), -1 if none matches.
+    sel_i = tl.load(selected_ptr + b * selected_stride + idx - 1, mask=(idx >= 1) & (idx < N), other=0)
+    slot = sel_i // TOPK
+    token = tl.load(parent_list_ptr + b * parent_stride + slot, mask=(idx >= 1) & (idx < N) & (slot > 0), other=-1)
+    sel_col = tl.load(selected_ptr + b * selected_stride + idx, mask=idx < N - 1, other=-2)
+    match = (sel_col[None, :] == token[:, None]) & (col < N - 1)
+    first = tl.min(tl.where(match, col, N), axis=1)
+    parent = tl.where(slot == 0, 0, tl.where(first < N, first + 1, -1))
+    parent = tl.where((idx >= 1) & (idx < N), parent, -1)
+    # walk each node up at most DEPTH ancestors, as the CUDA op does
+    cur = idx
+    alive = (idx >= 1) & (idx < N)
+    depth = tl.zeros((BLOCK_N,), dtype=tl.int64)
+    anc = (col == 0) & (row < N)
+    for _ in range(DEPTH):
+        anc = anc | ((col == cur[:, None]) & alive[:, None])
+        depth += alive.to(tl.int64)
+        p = tl.sum(tl.where(col == cur[:, None], parent[None, :], 0), axis=1)
+        alive = alive & (p > 0)
+        cur = tl.where(alive, p, cur)
+    seq = tl.load(seq_len_ptr + b).to(tl.int64)
+    keep = idx < N
+    out = b * N + idx
+    tl.store(positions_ptr + out, seq + depth, mask=keep)
+    tl.store(retrieve_index_ptr + out, out.to(tl.int64), mask=keep)
+    valid = (row < N) & (col < N)
+    if FULL_MASK:
+        prefix = tl.load(prefix_ptr + b).to(tl.int64)
+        offs = N * N * b + prefix * N + row * (seq + N) + seq + col
+    else:
+        offs = N * N * b + row * N + col
+    tl.store(mask_ptr + offs, anc, mask=valid)
+    # first child of t = smallest i >= 1 with parent i == t; next sibling of i = smallest k > i with the same parent
+    is_child = (parent[None, :] == row) & (col >= 1) & (col < N)  # [t, i]
+    first_child = tl.min(tl.where(is_child, col, N), axis=1)
+    tl.store(next_token_ptr + out, first_child.to(tl.int64), mask=keep & (first_child < N))
+    later = (parent[None, :] == parent[:, None]) & (col > row) & (col < N) & (parent[:, None] >= 0)  # [i, k]
+    next_sib = tl.min(tl.where(later, col, N), axis=1)
+    tl.store(next_sibling_ptr + out, next_sib.to(tl.int64), mask=keep & (next_sib < N))
+
+
+def build_tree_efficient(parent_list, selected_index, verified_seq_len, tree_mask, positions, retrieve_index,
+                         retrieve_next_token, retrieve_next_sibling, topk: int, depth: int, draft_token_num: int,
+                         full_mask: bool) -> None:
+    """Same contract as sglang_ext.spec.tree_ops.build_tree_efficient (links pre-filled with -1 by the caller)."""
+    bs = verified_seq_len.numel()
+    n = draft_token_num
+    assert tree_mask.dtype == torch.bool and tree_mask.is_contiguous()
+    assert selected_index.shape == (bs, n - 1) and selected_index.stride(1) == 1 and parent_list.stride(-1) == 1
+    for t in (positions, retrieve_index, retrieve_next_token, retrieve_next_sibling):
+        assert t.dtype == torch.int64 and t.is_contiguous() and t.numel() >= bs * n
+    if bs == 0:
+        return
+    prefix = torch.cumsum(verified_seq_len, 0) - verified_seq_len
+    parents = parent_list if parent_list.numel() else selected_index  # never read when every slot is the root
+    _build_tree_kernel[(bs,)](parents, selected_index, verified_seq_len, prefix, tree_mask, positions,
+                              retrieve_index, retrieve_next_token, retrieve_next_sibling,
+                              parent_stride=parents.stride(0), selected_stride=selected_index.stride(0), TOPK=topk,
+                              DEPTH=depth, N=n, BLOCK_N=max(triton.next_power_of_2(n), 2), FULL_MASK=full_mask)

@@ -103,7 +103,7 @@ def _host_transfer_variants():
 
 
 def _spec_variants():
-    """Speculative-decoding kernels: n = 4 (MTP, 3 steps) and 8 (NGRAM) draft tokens per request."""
+    """Speculative-decoding kernels: n = 4 (MTP, 3 steps) and 8 (NGRAM, EAGLE topk 4) draft tokens per request."""
     from . import spec_cache_locs, spec_sampling, spec_tree
 
     pb, pi32, pi64, i32 = "*i1", "*i32", "*i64", "i32"
@@ -121,6 +121,12 @@ def _spec_variants():
             "retrieve_index_ptr": pi64, "next_token_ptr": pi64, "next_sibling_ptr": pi64, "coins_ptr": "*fp32",
             "final_coins_ptr": "*fp32", "target_ptr": "*fp32", "draft_ptr": "*fp32", "vocab": i32,
             "threshold_single": "fp32", "threshold_acc": "fp32", "STEPS": C(n), "N": C(n), "BLOCK_V": C(1024)}, {}))
+    for topk, depth, n, full in ((1, 4, 4, True), (4, 4, 8, True), (4, 4, 8, False)):
+        out.append((f"spec build_tree topk{topk} n{n} {'full' if full else 'qlen'}", spec_tree._build_tree_kernel, {
+            "parent_list_ptr": pi64, "selected_ptr": pi64, "seq_len_ptr": pi64, "prefix_ptr": pi64, "mask_ptr": pb,
+            "positions_ptr": pi64, "retrieve_index_ptr": pi64, "next_token_ptr": pi64, "next_sibling_ptr": pi64,
+            "parent_stride": i32, "selected_stride": i32, "TOPK": C(topk), "DEPTH": C(depth), "N": C(n),
+            "BLOCK_N": C(n), "FULL_MASK": C(full)}, {}))
     out.append(("spec assign_extend_cache_locs", spec_cache_locs._assign_extend_cache_locs_kernel, {
         "req_ptr": pi64, "table_ptr": pi32, "start_ptr": pi64, "end_ptr": pi64, "out_ptr": pi64,
         "out_start_ptr": pi64, "stride_table": i32, "BLOCK": C(32)}, {}))

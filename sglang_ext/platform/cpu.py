@@ -57,7 +57,7 @@ class PortableCpuPlatform(compat.CpuDeviceMixin, compat.SRTPlatform):
         return algorithm.upper() in SUPPORTED_ALGORITHMS
 
     def get_speculative_cache_locs_fn(self):
-        from sglang_ext.spec.hooks import assign_extend_cache_locs_func
+        from sglang_ext.spec.adapters import assign_extend_cache_locs_func
 
         return assign_extend_cache_locs_func
 

@@ -1,6 +1,7 @@
 """Verification of a draft tree against the target model, in plain torch: greedy and rejection sampling,
 and the top-k / top-p renormalisation applied to target probabilities first. The CPU platform's
-implementation and the spec of the Triton kernels (`sglang_ext/kernels/spec_verify.py`). No SGLang import.
+implementation and the spec of the Triton kernels (`sglang_ext/kernels/spec_tree.py`, `spec_sampling.py`; the
+renormalisation has none and runs as torch on GPUs too). No SGLang import.
 
 Semantics follow SGLang 0.5.23: `verify_tree_greedy` (`spec_tree.py` / `tree.cuh`) and
 `tree_speculative_sampling_target_only` (`jit/include/sgl_kernel/speculative/sampling.cuh`). Output

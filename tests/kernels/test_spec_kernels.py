@@ -107,3 +107,43 @@ def test_tree_sampling_kernel_matches_torch(n, vocab, seed, device):
     assert int(outs[0][2].sum()) > 0, "no draft accepted: the comparison would not cover the accept path"
     for g, w in zip(outs[1], outs[0]):
         assert torch.equal(g, w)
+
+
+def _random_draft(bs, topk, depth, n, rng):
+    """EAGLE draft-step outputs as SGLang's organize_draft_results lays them out: parent_list [bs, topk*(depth-1)+1]
+    (-1, the step-0 tokens, then each later step's expanded tokens as flat score indices) and the sorted flat
+    indices of the n - 1 selected tokens. Selections are random, so some parents are not selected (linked to none)."""
+    total = topk + (depth - 1) * topk * topk
+    parents, selected = [], []
+    for _ in range(bs):
+        row = [-1] + list(range(topk))
+        for step in range(1, depth - 1):
+            row += [topk + topk * topk * (step - 1) + c for c in rng.sample(range(topk * topk), topk)]
+        parents.append(row)
+        # step-0 token 0 always, so the root has a child; later tokens' parents may or may not be selected
+        selected.append(sorted([0] + rng.sample(range(1, total), n - 2)) if n > 1 else [])
+    return torch.tensor(parents, dtype=torch.int64), torch.tensor(selected, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("topk,depth,n,bs,full", [(1, 4, 4, 3, True), (2, 3, 5, 2, True), (4, 4, 8, 3, True),
+                                                  (4, 4, 8, 2, False), (8, 5, 16, 2, True), (1, 1, 1, 2, False)])
+def test_build_tree_kernel_matches_torch(topk, depth, n, bs, full, device):
+    """Every output buffer equal to the torch op's; the full mask's prefix columns left as the caller filled them."""
+    rng = random.Random(topk * 100 + n * 10 + bs)
+    parent_list, selected = _random_draft(bs, topk, depth, n, rng)
+    selected = selected.view(bs, n - 1)
+    seq = torch.tensor([rng.randrange(1, 20) for _ in range(bs)], dtype=torch.int64)
+    mask_len = (int(seq.sum()) * n if full else 0) + n * n * bs
+    outs = []
+    for fn in (tree_ops.build_tree_efficient, spec_tree.build_tree_efficient):
+        mask = torch.ones(mask_len, dtype=torch.bool)
+        pos = torch.full((bs * n,), -7, dtype=torch.int64)
+        ridx, nxt, sib = torch.full((3, bs, n), -1, dtype=torch.int64)
+        bufs = [t.to(device) for t in (mask, pos, ridx, nxt, sib)]
+        fn(parent_list.to(device), selected.to(device), seq.to(device), *bufs, topk, depth, n, full)
+        outs.append(bufs)
+    want_links = outs[0][3]
+    if n > 1:
+        assert (want_links != -1).any(), "no links: the comparison would not cover the linking"
+    for name, g, w in zip(("mask", "positions", "retrieve_index", "next_token", "next_sibling"), outs[1], outs[0]):
+        assert torch.equal(g, w), f"{name}: {g.tolist()} != {w.tolist()}"
