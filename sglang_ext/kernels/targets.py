@@ -64,8 +64,8 @@ def _variants():
                 mid_lse=p32, sm_scale=f32, **strides, stride_q_b=i32, stride_q_h=i32, stride_mo_b=i32,
                 stride_mo_h=i32, stride_mo_s=i32, stride_ml_b=i32, stride_ml_h=i32,
                 FMT=C(fmt), GROUP=C(8), BLOCK_H=C(16), BLOCK_N=C(decode.default_block_n(fmt, d)), MIN_BLOCK=C(32),
-                K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx)),
-                {"num_warps": 4}))
+                K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx),
+                I8_F16=C({"cuda": fmt == 1, "hip": False})), {"num_warps": 4}))
             out.append((f"extend {tag}", extend._extend_kernel, dict(
                 q_ptr=p32, ke_ptr=p32, ve_ptr=p32, out_ptr=p32, **common, qo_indptr=pi32, kv_indptr=pi32,
                 kv_indices=pi32, sm_scale=f32, stride_q_t=i32, stride_q_h=i32, stride_ke_t=i32, stride_ke_h=i32,
