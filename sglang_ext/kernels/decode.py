@@ -185,17 +185,18 @@ def resident_programs(kernel, device: torch.device) -> int:
     return max(1, min(by_regs, by_smem, by_threads, 32))
 
 
-def wave_splits(programs_per_split: int, max_splits: int, slots: int) -> int:
-    """Split count in 1..max_splits whose stage-1 grid (programs_per_split x splits programs) best fills whole
-    waves of `slots` resident programs (the last wave of a grid of equal programs otherwise runs part-empty);
-    ties go to more splits."""
-    best, best_fill = max_splits, -1.0
-    for s in range(1, max_splits + 1):
-        n = programs_per_split * s
-        fill = n / (slots * math.ceil(n / slots))
-        if fill >= best_fill - 1e-9:
-            best, best_fill = s, fill
-    return best
+def wave_splits(programs_per_split: int, max_splits: int, slots: int, seq_len: int, block_n: int,
+                min_block: int = MIN_BLOCK_KV) -> int:
+    """Split count in 1..max_splits for requests of about seq_len tokens: a stage-1 grid of equal programs
+    (programs_per_split x splits) runs in ceil(programs / slots) waves of `slots` resident programs, each program
+    taking ceil(split length / block_n) loop iterations, so the cost is waves x iterations. The largest count
+    within 5 % of the cheapest wins (more splits: more slack when lengths differ)."""
+    def cost(s: int) -> int:
+        per_split = -(-(-(-seq_len // s)) // min_block) * min_block
+        return math.ceil(programs_per_split * s / slots) * max(1, -(-per_split // block_n))
+
+    best = min(cost(s) for s in range(1, max_splits + 1))
+    return max(s for s in range(1, max_splits + 1) if cost(s) <= 1.05 * best)
 
 
 def layout(fmt: KVFormat) -> tuple[int, int, int]:
@@ -215,8 +216,8 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
                      ) -> torch.Tensor:
     """q [B, Hq, D] (float), o [B, Hq, D] (written, every element); kv_indptr [>= B+1], kv_indices int32/int64.
     num_kv_splits: int32 [B] splits per request (each <= max_kv_splits); None = the same count for all: on a
-    GPU with fill_waves, the count <= max_kv_splits whose grid best fills whole waves of resident programs
-    (wave_splits), else max_kv_splits.
+    GPU with fill_waves, the count <= max_kv_splits that wave_splits' model of waves x loop iterations
+    prefers for the mean length kv_indices.shape[0] / B, else max_kv_splits.
     dot_bf16: feed the tensor-core dots bf16 operands (q, tile values, probabilities; scales stay float32);
     None = on a GPU, not under the CPU interpreter (where float32 keeps tests exact). block_n: tokens per loop
     iteration (None: default_block_n); num_stages: Triton's pipelining depth (None: its default);
@@ -268,7 +269,8 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
                 kernel = kernel.result() if hasattr(kernel, "result") else kernel
                 _RESIDENT[key] = resident_programs(kernel, dev)
             slots = torch.cuda.get_device_properties(dev).multi_processor_count * _RESIDENT[key]
-            splits = grid_splits = wave_splits(batch * h_kv, max_kv_splits, slots)
+            seq_len = max(1, kv_indices.shape[0] // batch)  # mean length, known on the host without a sync
+            splits = grid_splits = wave_splits(batch * h_kv, max_kv_splits, slots, seq_len, block_n)
         num_kv_splits = torch.full((batch,), splits, dtype=torch.int32, device=dev)
     assert num_kv_splits.shape[0] >= batch, num_kv_splits.shape
     _decode_stage1[(batch, h_kv, grid_splits)](*args[:7], num_kv_splits, *args[8:], **consts)
