@@ -13,6 +13,7 @@ SGLang's page-aware addressing (page = slot // page_size, row = slot % page_size
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -23,7 +24,7 @@ from ..kvformats import KVFormat, rotation
 from . import tables
 from .checks import check_planes
 from .rotate import rotate_rows
-from .tiles import accumulate, load_q_blocks, scores, store_blocks
+from .tiles import accumulate, load_q_blocks, q_blocks_f16, scores, store_blocks
 
 MIN_BLOCK_KV = 32
 DEFAULT_MAX_KV_SPLITS = 16
@@ -31,7 +32,8 @@ LUT_SELECT, LUT_PTX = 0, 1  # octave level decode (tiles.octave_levels)
 # tokens per loop iteration by (format kind, head_dim), measured on an H200 at batch 8 x 32k (benchmarks/
 # kernels_variants.py; docs/benchmarks/kernels.md)
 DEFAULT_BLOCK_N = {(tables.FMT_BF16, 128): 64, (tables.FMT_BF16, 256): 64, (tables.FMT_INT8, 128): 128,
-                   (tables.FMT_INT8, 256): 64, (tables.FMT_OCTAVE, 128): 128, (tables.FMT_OCTAVE, 256): 128}
+                   (tables.FMT_INT8, 256): 128, (tables.FMT_OCTAVE, 128): 128, (tables.FMT_OCTAVE, 256): 128}
+_RESIDENT: dict[tuple, int] = {}  # stage-1 programs resident per SM, by compiled variant (wave_splits)
 
 
 def default_block_n(kind: int, head_dim: int) -> int:
@@ -51,7 +53,7 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
                    stride_q_b, stride_q_h, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
                    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                    MIN_BLOCK: tl.constexpr, K_N4: tl.constexpr, V_N4: tl.constexpr, NB: tl.constexpr,
-                   LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr, LUT: tl.constexpr):
+                   LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr, LUT: tl.constexpr, I8_F16: tl.constexpr):
     batch = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -65,8 +67,13 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
     s0 = per_split * split
     s1 = tl.minimum(s0 + per_split, seq_len)
     if s1 > s0:
-        q0, q1, q2, q3 = load_q_blocks(q_ptr, batch * stride_q_b + heads.to(tl.int64) * stride_q_h, mask_h, NB,
-                                      DOT_BF16)
+        q_rows = batch * stride_q_b + heads.to(tl.int64) * stride_q_h
+        if I8_F16:
+            q0, q1, q2, q3, q_amax = q_blocks_f16(*load_q_blocks(q_ptr, q_rows, mask_h, NB, False), NB)
+            q_scale = q_amax * sm_scale
+        else:
+            q0, q1, q2, q3 = load_q_blocks(q_ptr, q_rows, mask_h, NB, DOT_BF16)
+            q_scale = tl.full([BLOCK_H], sm_scale, tl.float32)
         e_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
         e_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc0 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
@@ -79,8 +86,8 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
             slot = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
             qk = scores(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
                         slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_H, BLOCK_N,
-                        DOT_BF16, LUT)
-            qk = qk * sm_scale
+                        DOT_BF16, LUT, I8_F16)
+            qk = qk * q_scale[:, None]
             if LOGIT_CAP > 0:
                 qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
@@ -95,7 +102,7 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
             acc3 = acc3 * rescale[:, None]
             acc0, acc1, acc2, acc3 = accumulate(
                 FMT, p, acc0, acc1, acc2, acc3, v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
-                slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT)
+                slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT, I8_F16)
         store_blocks(mid_o, batch * stride_mo_b + heads.to(tl.int64) * stride_mo_h + split * stride_mo_s, mask_h,
                      acc0, acc1, acc2, acc3, 1.0 / e_sum, NB)
         tl.store(mid_lse + batch * stride_ml_b + heads * stride_ml_h + split, e_max + tl.log(e_sum), mask=mask_h)
@@ -154,6 +161,44 @@ def level_decode(x: torch.Tensor, dot_bf16: bool, requested: int | None) -> int:
     return LUT_PTX if dot_bf16 and x.is_cuda and torch.version.hip is None else LUT_SELECT
 
 
+def int8_f16_dots(kind: int, x: torch.Tensor, dot_bf16: bool, requested: bool | None) -> bool:
+    """int8 decode with fp16 dot operands (codes converted exactly by int8_ptx): on an NVIDIA GPU when the dots
+    take 16-bit operands (not under the interpreter, not on AMD); `requested` overrides."""
+    if kind != tables.FMT_INT8:
+        return False
+    if requested is not None:
+        assert not requested or dot_bf16, "the int8 fp16 path needs 16-bit dot operands"
+        return requested
+    return dot_bf16 and x.is_cuda and torch.version.hip is None
+
+
+def resident_programs(kernel, device: torch.device) -> int:
+    """Programs of a compiled kernel that fit on one SM at once (registers, shared memory, threads)."""
+    kernel._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    warps = kernel.metadata.num_warps
+    regs_per_warp = -(-kernel.n_regs * 32 // 256) * 256  # allocated per warp in units of 256 registers
+    by_regs = props.regs_per_multiprocessor // max(1, regs_per_warp * warps)
+    shared = kernel.metadata.shared
+    by_smem = props.shared_memory_per_multiprocessor // (shared + 1024) if shared else 32  # + 1 KB driver reserve
+    by_threads = props.max_threads_per_multi_processor // (32 * warps)
+    return max(1, min(by_regs, by_smem, by_threads, 32))
+
+
+def wave_splits(programs_per_split: int, max_splits: int, slots: int, seq_len: int, block_n: int,
+                min_block: int = MIN_BLOCK_KV) -> int:
+    """Split count in 1..max_splits for requests of about seq_len tokens: a stage-1 grid of equal programs
+    (programs_per_split x splits) runs in ceil(programs / slots) waves of `slots` resident programs, each program
+    taking ceil(split length / block_n) loop iterations, so the cost is waves x iterations. The largest count
+    within 5 % of the cheapest wins (more splits: more slack when lengths differ)."""
+    def cost(s: int) -> int:
+        per_split = -(-(-(-seq_len // s)) // min_block) * min_block
+        return math.ceil(programs_per_split * s / slots) * max(1, -(-per_split // block_n))
+
+    best = min(cost(s) for s in range(1, max_splits + 1))
+    return max(s for s in range(1, max_splits + 1) if cost(s) <= 1.05 * best)
+
+
 def layout(fmt: KVFormat) -> tuple[int, int, int]:
     """(kind, K leading 4-bit blocks, V leading 4-bit blocks)."""
     kind = tables.format_kind(fmt)
@@ -167,13 +212,17 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
                      num_kv_splits: torch.Tensor | None = None, max_kv_splits: int = DEFAULT_MAX_KV_SPLITS,
                      page_size: int = 1, logit_cap: float = 0.0, block_n: int | None = None,
                      dot_bf16: bool | None = None, num_warps: int = 4, num_stages: int | None = None,
-                     lut: int | None = None) -> torch.Tensor:
+                     lut: int | None = None, int8_f16: bool | None = None, fill_waves: bool = True
+                     ) -> torch.Tensor:
     """q [B, Hq, D] (float), o [B, Hq, D] (written, every element); kv_indptr [>= B+1], kv_indices int32/int64.
-    num_kv_splits: int32 [B] splits per request (each <= max_kv_splits); None = max_kv_splits for all.
+    num_kv_splits: int32 [B] splits per request (each <= max_kv_splits); None = the same count for all: on a
+    GPU with fill_waves, the count <= max_kv_splits that wave_splits' model of waves x loop iterations
+    prefers for the mean length kv_indices.shape[0] / B, else max_kv_splits.
     dot_bf16: feed the tensor-core dots bf16 operands (q, tile values, probabilities; scales stay float32);
     None = on a GPU, not under the CPU interpreter (where float32 keeps tests exact). block_n: tokens per loop
     iteration (None: default_block_n); num_stages: Triton's pipelining depth (None: its default);
-    lut: octave level decode (LUT_SELECT / LUT_PTX; None: level_decode's choice). Returns o."""
+    lut: octave level decode (LUT_SELECT / LUT_PTX; None: level_decode's choice). int8_f16: int8 codes to fp16
+    dot operands in PTX (None: int8_f16_dots' choice). Returns o."""
     check_planes(fmt, planes)
     batch, hq, d = q.shape
     h_kv = next(iter(planes.values())).shape[1]
@@ -188,9 +237,6 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     if batch == 0:
         return o
     dev = q.device
-    if num_kv_splits is None:
-        num_kv_splits = torch.full((batch,), max_kv_splits, dtype=torch.int32, device=dev)
-    assert num_kv_splits.shape[0] >= batch, num_kv_splits.shape
     kind, k_n4, v_n4 = layout(fmt)
     if block_n is None:
         block_n = default_block_n(kind, d)
@@ -204,14 +250,30 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     mid_o = torch.empty(batch, hq, max_kv_splits, d, dtype=torch.float32, device=dev)
     mid_lse = torch.empty(batch, hq, max_kv_splits, dtype=torch.float32, device=dev)
     kc, ks, vc, vs = attention_planes(fmt, planes)
-    _decode_stage1[(batch, h_kv, max_kv_splits)](
-        q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse,
-        sm_scale, kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1),
-        vs.stride(0), vs.stride(1), q_in.stride(0), q_in.stride(1), mid_o.stride(0), mid_o.stride(1),
-        mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        FMT=kind, GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, MIN_BLOCK=MIN_BLOCK_KV, K_N4=k_n4,
-        V_N4=v_n4, NB=d // 64, LOGIT_CAP=float(logit_cap), DOT_BF16=bf16_dots, LUT=level_decode(q, bf16_dots, lut),
-        **launch_opts)
+    args = (q_in, kc, ks, vc, vs, kv_indptr, kv_indices, None, mid_o, mid_lse,
+            sm_scale, kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1),
+            vs.stride(0), vs.stride(1), q_in.stride(0), q_in.stride(1), mid_o.stride(0), mid_o.stride(1),
+            mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
+    consts = dict(FMT=kind, GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, MIN_BLOCK=MIN_BLOCK_KV, K_N4=k_n4,
+                  V_N4=v_n4, NB=d // 64, LOGIT_CAP=float(logit_cap), DOT_BF16=bf16_dots,
+                  LUT=level_decode(q, bf16_dots, lut), I8_F16=int8_f16_dots(kind, q, bf16_dots, int8_f16),
+                  **launch_opts)
+    grid_splits = max_kv_splits
+    if num_kv_splits is None:
+        splits = max_kv_splits
+        if fill_waves and q.is_cuda and hasattr(_decode_stage1, "warmup"):  # not under the interpreter
+            key = (dev.index, q_in.dtype, kc.dtype, ks.dtype, kv_indices.dtype, tuple(sorted(consts.items())))
+            if key not in _RESIDENT:
+                ph = torch.ones(1, dtype=torch.int32, device=dev)
+                kernel = _decode_stage1.warmup(*args[:7], ph, *args[8:], grid=(1,), **consts)
+                kernel = kernel.result() if hasattr(kernel, "result") else kernel
+                _RESIDENT[key] = resident_programs(kernel, dev)
+            slots = torch.cuda.get_device_properties(dev).multi_processor_count * _RESIDENT[key]
+            seq_len = max(1, kv_indices.shape[0] // batch)  # mean length, known on the host without a sync
+            splits = grid_splits = wave_splits(batch * h_kv, max_kv_splits, slots, seq_len, block_n)
+        num_kv_splits = torch.full((batch,), splits, dtype=torch.int32, device=dev)
+    assert num_kv_splits.shape[0] >= batch, num_kv_splits.shape
+    _decode_stage1[(batch, h_kv, grid_splits)](*args[:7], num_kv_splits, *args[8:], **consts)
     out = torch.empty(q.shape, dtype=torch.float32, device=dev) if fmt.rotated else o
     _decode_stage2[(batch, hq)](
         mid_o, mid_lse, out, kv_indptr, num_kv_splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),

@@ -2,9 +2,9 @@
 
 `prmt.b32 d, a, b, sel` picks 4 bytes out of the 8 bytes of (a, b) with four 4-bit selectors, so one prmt
 looks up 4 codes in an 8-entry byte table held in two registers: the hi and lo bytes of each level's bf16
-pattern are two such tables. A 3-bit code indexes 8 levels directly; a 4-bit code's low 3 bits index the
-negative (code < 8) or the positive (code >= 8) half, and its top bit picks the half per byte with a mask
-made by prmt's sign-replicate mode. About 3 instructions per code, against about 20 for the select tree
+pattern are two such tables. A 3-bit code indexes 8 levels directly; a 4-bit code is mapped to the index of
+its magnitude in the positive half (the codebook is symmetric) and its sign bit set from a mask made by
+prmt's sign-replicate mode. About 2.5 (4-bit) to 3 instructions per code, against about 20 for the select tree
 (tiles.level_of); the values are the levels rounded to bf16 (round to nearest even), exactly what the select
 tree's levels become as bf16 dot operands. Used only when the dots take bf16 operands on an NVIDIA GPU; the
 interpreter and AMD use the select tree.
@@ -42,30 +42,33 @@ def _tables(bits: int) -> dict[str, int]:
 
 def _ptx_4bit() -> str:
     """4 packed bytes in $4 (8 codes: byte k = dim 2k low nibble, dim 2k+1 high nibble) -> $0..$3, each the bf16
-    pair of one byte (low half: even dim)."""
+    pair of one byte (low half: even dim). The codebook is symmetric (code c < 8 is minus code 15 - c), so one
+    8-entry table of the positive levels serves both halves: per nibble the magnitude index is c & 7 for c >= 8
+    and 7 - c = (c ^ 7) & 7 below, and the sign bit of the hi byte comes from prmt's sign-replicate mode."""
     t = _tables(4)
+    tab = {k: t[k] for k in ("hp0", "hp1", "lp0", "lp1")}
     half = """
-    prmt.b32 hp, hp0, hp1, s;
-    prmt.b32 hn, hn0, hn1, s;
-    prmt.b32 lp, lp0, lp1, s;
-    prmt.b32 ln, ln0, ln1, s;
-    prmt.b32 m, mk, mk, t;
-    lop3.b32 h, hp, hn, m, 0xE4;
-    lop3.b32 l, lp, ln, m, 0xE4;
+    prmt.b32 sg, k8, k8, sel;
+    prmt.b32 h, hp0, hp1, m;
+    prmt.b32 l, lp0, lp1, m;
+    lop3.b32 h, h, sg, c80, 0xF8;
     prmt.b32 {o0}, l, h, i01;
     prmt.b32 {o1}, l, h, i23;"""
-    consts = "".join(f"\n    mov.b32 {k}, {v:#010x};" for k, v in t.items())
-    return ("{\n    .reg .b32 s, t, u, m, hp, hn, lp, ln, h, l, mk, i01, i23, " + ", ".join(t) + ";" + consts + """
-    mov.b32 mk, 0x00008000;
+    consts = "".join(f"\n    mov.b32 {k}, {v:#010x};" for k, v in tab.items())
+    return ("{\n    .reg .b32 t, n, m, sel, sg, h, l, k8, c80, i01, i23, " + ", ".join(tab) + ";" + consts + """
+    mov.b32 k8, 0x00008000;
+    mov.b32 c80, 0x80808080;
     mov.b32 i01, 0x5140;
     mov.b32 i23, 0x7362;
-    and.b32 s, $4, 0x77777777;
-    shr.u32 u, $4, 3;
-    and.b32 u, u, 0x11111111;
-    and.b32 t, $4, 0x88888888;
-    or.b32 t, t, u;""" + half.format(o0="$0", o1="$1") + """
-    shr.u32 s, s, 16;
-    shr.u32 t, t, 16;""" + half.format(o0="$2", o1="$3") + "\n}")
+    not.b32 t, $4;
+    and.b32 t, t, 0x88888888;
+    shr.u32 n, t, 3;
+    or.b32 sel, n, 0x88888888;
+    sub.u32 t, t, n;
+    xor.b32 m, $4, t;
+    and.b32 m, m, 0x77777777;""" + half.format(o0="$0", o1="$1") + """
+    shr.u32 m, m, 16;
+    shr.u32 sel, sel, 16;""" + half.format(o0="$2", o1="$3") + "\n}")
 
 
 def _ptx_3bit() -> str:

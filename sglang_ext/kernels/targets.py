@@ -64,15 +64,18 @@ def _variants():
                 mid_lse=p32, sm_scale=f32, **strides, stride_q_b=i32, stride_q_h=i32, stride_mo_b=i32,
                 stride_mo_h=i32, stride_mo_s=i32, stride_ml_b=i32, stride_ml_h=i32,
                 FMT=C(fmt), GROUP=C(8), BLOCK_H=C(16), BLOCK_N=C(decode.default_block_n(fmt, d)), MIN_BLOCK=C(32),
-                K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx)),
-                {"num_warps": 4}))
-            out.append((f"extend {tag}", extend._extend_kernel, dict(
-                q_ptr=p32, ke_ptr=p32, ve_ptr=p32, out_ptr=p32, **common, qo_indptr=pi32, kv_indptr=pi32,
-                kv_indices=pi32, sm_scale=f32, stride_q_t=i32, stride_q_h=i32, stride_ke_t=i32, stride_ke_h=i32,
-                stride_ve_t=i32, stride_ve_h=i32, stride_o_t=i32, stride_o_h=i32, **strides,
-                FMT=C(fmt), GROUP=C(8), BLOCK_G=C(8), BLOCK_M=C(extend.ROWS_PER_PROGRAM[d] // 8),
-                BLOCK_N=C(extend.BLOCK_N[d]), K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), IS_CAUSAL=C(True),
-                LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx)), {"num_warps": 8}))
+                K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx),
+                I8_F16=C({"cuda": fmt == 1, "hip": False})), {"num_warps": 4}))
+            # the causal extend everywhere; SGLang's custom (tree) mask of speculative verify for one format
+            for mask in (False, True) if name == "octave_k3v4" and d == 128 else (False,):
+                out.append((f"extend {tag}" + (" custom-mask" if mask else ""), extend._extend_kernel, dict(
+                    q_ptr=p32, ke_ptr=p32, ve_ptr=p32, out_ptr=p32, **common, qo_indptr=pi32, kv_indptr=pi32,
+                    kv_indices=pi32, custom_mask=pu8, mask_indptr=pi32, sm_scale=f32, stride_q_t=i32,
+                    stride_q_h=i32, stride_ke_t=i32, stride_ke_h=i32, stride_ve_t=i32, stride_ve_h=i32,
+                    stride_o_t=i32, stride_o_h=i32, **strides,
+                    FMT=C(fmt), GROUP=C(8), BLOCK_G=C(8), BLOCK_M=C(extend.ROWS_PER_PROGRAM[d] // 8),
+                    BLOCK_N=C(extend.BLOCK_N[d]), K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), IS_CAUSAL=C(not mask),
+                    USE_CUSTOM_MASK=C(mask), LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx)), {"num_warps": 8}))
             out.append((f"dequant {tag}", dequant._dequant_kernel, {
                 "codes": codes, "scales": scales, "loc_ptr": pi32, "out_ptr": p32, "num_tokens": i32,
                 "stride_c_slot": i32, "stride_c_head": i32, "stride_s_slot": i32, "stride_s_head": i32, "stride_o_n": i32,

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from ..kvformats.codebook import LEVELS
+from .int8_ptx import int8_to_f16_ptx
 from .levels_ptx import levels_3bit_ptx, levels_4bit_ptx
 
 # Positive Lloyd-Max levels as compile-time constants (the negative half is the exact mirror).
@@ -84,15 +85,18 @@ def octave_levels(row_ptr, mask_n, OFF: tl.constexpr, BITS: tl.constexpr, BLOCK_
 
 @triton.jit
 def kv_block(FMT: tl.constexpr, codes_ptr, row, mask_n, b: tl.constexpr, N4: tl.constexpr, BLOCK_N: tl.constexpr,
-             LUT: tl.constexpr):
-    """Unscaled values [BLOCK_N, 64] of block b (float32; bf16 for octave with LUT 1). row: int64 [BLOCK_N]
-    element offsets of the rows. FMT 0: plain float rows (bf16 planes, or extend's new K/V); 1: int8 codes;
-    2: octave levels, where blocks 0..N4-1 are 4-bit (32 bytes) and the rest 3-bit (24 bytes)."""
+             LUT: tl.constexpr, I8_F16: tl.constexpr = False):
+    """Unscaled values [BLOCK_N, 64] of block b (float32; bf16 for octave with LUT 1; fp16 for int8 with I8_F16).
+    row: int64 [BLOCK_N] element offsets of the rows. FMT 0: plain float rows (bf16 planes, or extend's new K/V);
+    1: int8 codes; 2: octave levels, where blocks 0..N4-1 are 4-bit (32 bytes) and the rest 3-bit (24 bytes)."""
     if FMT == 2:
         if b < N4:
             x = octave_levels(codes_ptr + row, mask_n, b * 32, 4, BLOCK_N, LUT)
         else:
             x = octave_levels(codes_ptr + row, mask_n, N4 * 32 + (b - N4) * 24, 3, BLOCK_N, LUT)
+    elif FMT == 1 and I8_F16:
+        offs = b * 64 + tl.arange(0, 64)
+        x = int8_to_f16_ptx(tl.load(codes_ptr + row[:, None] + offs[None, :], mask=mask_n[:, None], other=0))
     else:
         offs = b * 64 + tl.arange(0, 64)
         x = tl.load(codes_ptr + row[:, None] + offs[None, :], mask=mask_n[:, None], other=0).to(tl.float32)
@@ -121,8 +125,9 @@ def _dot(a, b, DOT_BF16: tl.constexpr):
 @triton.jit
 def scores(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, mask_n, N4: tl.constexpr,
            NB: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
-           LUT: tl.constexpr):
-    """q . k for a tile: float32 [M, BLOCK_N]. q0..q3: the query's 64-dim blocks [M, 64]."""
+           LUT: tl.constexpr, I8_F16: tl.constexpr = False):
+    """q . k for a tile: float32 [M, BLOCK_N]. q0..q3: the query's 64-dim blocks [M, 64] (fp16 and scaled to
+    |q| <= 1 per row for int8 with I8_F16: see q_blocks_f16)."""
     qk = tl.zeros([M, BLOCK_N], dtype=tl.float32)
     for b in tl.static_range(NB):
         if b == 0:
@@ -133,7 +138,11 @@ def scores(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, 
             qb = q2
         else:
             qb = q3
-        part = _dot(qb, tl.trans(kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT)), DOT_BF16)
+        kb = kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT, I8_F16)
+        if FMT == 1 and I8_F16:
+            part = tl.dot(qb, tl.trans(kb))
+        else:
+            part = _dot(qb, tl.trans(kb), DOT_BF16)
         if FMT == 2:
             part = part * kv_scale(FMT, scales_ptr, srow, mask_n, b)[None, :]
         qk += part
@@ -145,15 +154,27 @@ def scores(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, 
 @triton.jit
 def accumulate(FMT: tl.constexpr, p, acc0, acc1, acc2, acc3, codes_ptr, scales_ptr, row, srow, mask_n,
                N4: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
-               LUT: tl.constexpr):
-    """acc_b += p @ v_b for a tile; p float32 [M, BLOCK_N] (the V scales are folded into p's columns)."""
+               LUT: tl.constexpr, I8_F16: tl.constexpr = False):
+    """acc_b += p @ v_b for a tile; p float32 [M, BLOCK_N] (the V scales are folded into p's columns). int8
+    with I8_F16: p's columns are scaled by scale / (the tile's largest scale), so the fp16 operand stays in
+    [0, 1] whatever the scales' magnitude, and the tile's largest scale multiplies the dot's float32 result."""
+    tile_scale = 1.0
     if FMT == 1:
-        p = p * kv_scale(FMT, scales_ptr, srow, mask_n, 0)[None, :]
+        vs = kv_scale(FMT, scales_ptr, srow, mask_n, 0)
+        if I8_F16:
+            tile_scale = tl.maximum(tl.max(vs, 0), 1e-30)
+            p = (p * (vs / tile_scale)[None, :]).to(tl.float16)
+        else:
+            p = p * vs[None, :]
     for b in tl.static_range(NB):
         pb = p
         if FMT == 2:
             pb = p * kv_scale(FMT, scales_ptr, srow, mask_n, b)[None, :]
-        part = _dot(pb, kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT), DOT_BF16)
+        vb = kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT, I8_F16)
+        if FMT == 1 and I8_F16:
+            part = tl.dot(pb, vb) * tile_scale
+        else:
+            part = _dot(pb, vb, DOT_BF16)
         if b == 0:
             acc0 += part
         elif b == 1:
@@ -182,6 +203,21 @@ def load_q_blocks(ptr, rows, mask_rows, NB: tl.constexpr, DOT_BF16: tl.constexpr
         q2 = tl.load(ptr + rows[:, None] + 128 + offs[None, :], mask=m2, other=0.0).to(tl.float32).to(ty)
         q3 = tl.load(ptr + rows[:, None] + 192 + offs[None, :], mask=m2, other=0.0).to(tl.float32).to(ty)
     return q0, q1, q2, q3
+
+
+@triton.jit
+def q_blocks_f16(q0, q1, q2, q3, NB: tl.constexpr):
+    """float32 q blocks -> (fp16 blocks divided by each row's absmax over the head, that absmax [M]): the fp16
+    operands of the int8 dots (I8_F16), where fp16 holds the int8 codes exactly; |q| <= 1 cannot overflow."""
+    amax = tl.max(tl.abs(q0), 1)
+    if NB > 1:
+        amax = tl.maximum(amax, tl.max(tl.abs(q1), 1))
+    if NB > 2:
+        amax = tl.maximum(amax, tl.maximum(tl.max(tl.abs(q2), 1), tl.max(tl.abs(q3), 1)))
+    amax = tl.maximum(amax, 1e-30)
+    inv = (1.0 / amax)[:, None]
+    return (q0 * inv).to(tl.float16), (q1 * inv).to(tl.float16), (q2 * inv).to(tl.float16), \
+        (q3 * inv).to(tl.float16), amax
 
 
 @triton.jit
