@@ -19,8 +19,9 @@ def _train_draft(args) -> int:
     after = result.after
     print(f"accept length {after['mean_accept_length']:.3f} with {config.draft_steps} draft tokens "
           f"(untrained layer: {result.before['mean_accept_length']:.3f}) over {after['rounds']} verify rounds on "
-          f"held-out prompts; loss {result.loss_first:.3f} -> {result.loss_last:.3f} in {result.train_steps} steps "
-          f"on {result.corpus_tokens} corpus tokens")
+          f"held-out prompts; draft 1 / 1-2 / 1-3 match {' / '.join(f'{m:.3f}' for m in after['per_step_match'])}; "
+          f"draft-1 loss {result.loss_first:.3f} -> {result.loss_last:.3f} in {result.train_steps} steps (state of "
+          f"step {result.best_step} kept) on {result.corpus_tokens} corpus tokens")
     print(result.out_dir)
     return 0
 

@@ -1,9 +1,12 @@
 """`train-draft`: train the MiMo MTP draft layer of the built-in model on CPU from its own generated text.
 
-Time-budgeted phases: a training corpus of greedy and sampled continuations (until `corpus_share` of the
-budget; the fixed held-out prompts are continued greedily in the first batch), training (until
-`train_end_share`), then the checkpoint and the acceptance measured on it. The MTP layer starts from `fixed_seed_mtp_weights` (the base model's last
-layer); embeddings and lm_head are the base model's, frozen, as NEXTN shares them with the target.
+Time-budgeted phases: a training corpus of greedy and sampled continuations generated in batches (until
+`corpus_share` of the budget; the fixed held-out prompts are continued greedily in the first batch), training
+(until `train_end_share`), then the checkpoint and the acceptance measured on it. The MTP layer starts from
+`fixed_seed_mtp_weights` (the base model's last layer); embeddings and lm_head are the base model's, frozen, as
+NEXTN shares them with the target. Training unrolls the draft chain (`draft_loss`: steps 2.. get the layer's own
+output as their hidden input, as at serving time), learns the target's distribution, and keeps the state with
+the best chain match on a validation split of the corpus (early stopping against memorising a small corpus).
 """
 
 import json
@@ -14,12 +17,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from sglang_ext.env import ext_home
 from sglang_ext.models.builtin import DEFAULT_MODEL_NAME, ModelPrepareError, default_model_dir
 from sglang_ext.models.draft_acceptance import measure
-from sglang_ext.models.draft_corpus import HELDOUT_TOPICS, TRAIN_TOPICS, Sequence, generate, prompts
+from sglang_ext.models.draft_corpus import HELDOUT_TOPICS, Sequence, generate, prompts, train_prompts
+from sglang_ext.models.draft_loss import collate, corpus_vocab, unrolled_losses
 from sglang_ext.models.mtp_checkpoint import (
     fixed_seed_mtp_weights,
     load_config,
@@ -27,12 +30,6 @@ from sglang_ext.models.mtp_checkpoint import (
     write_mtp_checkpoint,
 )
 from sglang_ext.models.mtp_layer import MtpLayer
-
-# The MTP output is also pulled towards the target's hidden state at t+1 (relative squared error): that is
-# the state whose lm_head logits are the target's distribution for token t+2, and draft steps 2..k feed the MTP
-# output back in where step 1 feeds a target hidden state.
-HIDDEN_MATCH_WEIGHT = 1.0
-
 
 def default_draft_dir() -> Path:
     return ext_home() / "models" / f"{DEFAULT_MODEL_NAME}-MTP"
@@ -42,18 +39,23 @@ def default_draft_dir() -> Path:
 class DraftTrainConfig:
     minutes: float = 20.0
     heldout_prompts: int = 16  # generated greedily in the same batch as the first corpus batch
-    new_tokens: int = 96
+    new_tokens: int = 128
     # Large batches: generation time on a CPU is dominated by per-step overhead, not by the batch size.
     corpus_batch_prompts: int = 48
-    corpus_share: float = 0.4  # of the budget, held-out generation included; at least one batch is generated
+    corpus_share: float = 0.45  # of the budget, held-out generation included; at least one batch is generated
     train_end_share: float = 0.93  # training stops here; the rest is the acceptance measurement and the writer
     batch_sequences: int = 8
     lr: float = 1e-3
+    weight_decay: float = 0.05
     warmup_steps: int = 10
-    ce_fraction: float = 0.25  # share of positions whose cross-entropy is computed each step (the lm_head product
-    #                            dominates the cost of a step); the hidden match covers every position
+    # Loss weight of draft steps 1..draft_steps (the chain is trained unrolled: see draft_loss); a later step
+    # only pays off when the earlier ones were accepted.
+    step_weights: tuple[float, ...] = (1.0, 0.6, 0.4)
+    hidden_match_weight: float = 1.0
     sample_temperature: float = 0.8  # every other corpus batch is sampled, the others greedy
     draft_steps: int = 3
+    validation_share: float = 0.08  # corpus sequences kept out of training to pick the best state
+    validations: int = 8  # evaluations over the training time; the state with the best chain match is kept
     seed: int = 0
     max_corpus_batches: int | None = None  # None: as many as the time allows
     max_train_steps: int | None = None
@@ -65,6 +67,10 @@ class DraftTrainConfig:
             raise ValueError("need 0 < corpus_share < train_end_share <= 1")
         if self.draft_steps < 1:
             raise ValueError("draft_steps must be at least 1")
+        if len(self.step_weights) != self.draft_steps:
+            raise ValueError(f"step_weights needs one weight per draft step ({self.draft_steps})")
+        if not 0 <= self.validation_share < 1:
+            raise ValueError("validation_share must be in [0, 1)")
 
 
 @dataclass
@@ -73,42 +79,13 @@ class DraftTrainResult:
     corpus_sequences: int
     corpus_tokens: int
     train_steps: int
-    loss_first: float  # mean cross-entropy over the first 10 % of steps
+    loss_first: float  # mean draft-1 cross-entropy on the greedy token over the first 10 % of steps
     loss_last: float  # ... and over the last 10 %
+    best_step: int  # the step whose state was kept (best validation chain match)
+    validation: list  # [step, seconds, teacher-forced prefix match per draft step] per evaluation
     before: dict  # Acceptance of the untrained layer on the held-out prompts
     after: dict
     seconds: dict = field(default_factory=dict)
-
-
-def collate(sequences: list[Sequence]) -> dict[str, torch.Tensor]:
-    """Right-pad a batch. `target_mask[b, t]`: the output at t predicts a continuation token t+2 of sequence b."""
-    length = max(len(s.tokens) for s in sequences)
-    hidden_size = sequences[0].hidden.shape[-1]
-    tokens = torch.zeros(len(sequences), length, dtype=torch.long)
-    hidden = torch.zeros(len(sequences), length, hidden_size)
-    target_mask = torch.zeros(len(sequences), length - 2, dtype=torch.bool)
-    for b, s in enumerate(sequences):
-        n = len(s.tokens)
-        tokens[b, :n], hidden[b, :n] = s.tokens, s.hidden
-        target_mask[b, max(s.prompt_len - 2, 0):n - 2] = True
-    return {"tokens": tokens, "hidden": hidden, "target_mask": target_mask}
-
-
-def mtp_loss(mtp: MtpLayer, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict, ce_fraction: float = 1.0,
-             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cross-entropy on token t+2 over a random `ce_fraction` of the target_mask positions, at least one;
-    relative squared error to the target hidden at t+1 over all of them)."""
-    tokens, hidden, mask = batch["tokens"], batch["hidden"], batch["target_mask"]
-    length = tokens.shape[1]
-    positions = torch.arange(length - 1).expand(tokens.shape[0], -1)
-    out, _ = mtp(hidden[:, :-1], embed[tokens[:, 1:]], positions)
-    selected = out[:, :-1][mask]  # [N, H]: outputs whose token t+2 is a continuation token
-    n = selected.shape[0]
-    rows = torch.randperm(n, generator=generator)[:max(1, round(n * ce_fraction))] if ce_fraction < 1 else slice(None)
-    ce = F.cross_entropy(selected[rows] @ lm_head.T, tokens[:, 2:][mask][rows])
-    target_hidden = hidden[:, 1:-1][mask]
-    hidden_err = (selected - target_hidden).pow(2).mean() / target_hidden.pow(2).mean()
-    return ce, hidden_err
 
 
 def load_base(base_dir: Path):
@@ -136,15 +113,15 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
     log(f"[train-draft] loaded {base_dir} in {elapsed():.0f} s; budget {config.minutes:g} min")
 
     heldout_prompts = prompts(HELDOUT_TOPICS, tokenizer, config.heldout_prompts, config.seed)
-    train_prompts = prompts(TRAIN_TOPICS, tokenizer, len(TRAIN_TOPICS) * 11, config.seed)
+    pool = train_prompts(tokenizer, config.seed)
     heldout: list[Sequence] = []
     corpus: list[Sequence] = []
     batch_index = 0
     while (batch_index == 0 or elapsed() < config.corpus_share * budget) and \
-            (batch_index + 1) * config.corpus_batch_prompts <= len(train_prompts):
+            (batch_index + 1) * config.corpus_batch_prompts <= len(pool):
         if config.max_corpus_batches is not None and batch_index >= config.max_corpus_batches:
             break
-        chunk = train_prompts[batch_index * config.corpus_batch_prompts:(batch_index + 1) * config.corpus_batch_prompts]
+        chunk = pool[batch_index * config.corpus_batch_prompts:(batch_index + 1) * config.corpus_batch_prompts]
         temperature = config.sample_temperature if batch_index % 2 else 0.0
         if batch_index == 0:  # the held-out prompts ride along with the first (greedy) batch
             chunk = heldout_prompts + chunk
@@ -162,43 +139,23 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
     seconds["corpus"] = elapsed()
     del model
 
+    rng = random.Random(config.seed)
+    shuffled = rng.sample(corpus, len(corpus))
+    n_val = min(round(len(corpus) * config.validation_share), 32)
+    validation, train = shuffled[:n_val], shuffled[n_val:] or shuffled
+    vocab = corpus_vocab(corpus + heldout)
+    log(f"[train-draft] {len(train)} training and {len(validation)} validation sequences; logits over the "
+        f"{len(vocab)} token ids of the corpus")
+
     mtp = MtpLayer(model_config)
     mtp.load_state_dict(fixed_seed_mtp_weights(base_dir, config.seed))
     before = measure(mtp.eval(), embed, lm_head, heldout, config.draft_steps)
     log(f"[train-draft] untrained layer: accept length {before.mean_accept_length:.3f} "
         f"with {config.draft_steps} draft tokens ({elapsed():.0f} s)")
-
-    optimizer = torch.optim.AdamW(mtp.parameters(), lr=config.lr, weight_decay=0.0)
-    rng = random.Random(config.seed)
-    generator = torch.Generator().manual_seed(config.seed)
-    order: list[int] = []
-    losses = []
-    train_start = elapsed()
-    train_budget = config.train_end_share * budget - train_start
-    mtp.train()
-    step = 0
-    while elapsed() < config.train_end_share * budget or step == 0:
-        if config.max_train_steps is not None and step >= config.max_train_steps:
-            break
-        if len(order) < config.batch_sequences:
-            order += rng.sample(range(len(corpus)), len(corpus))
-        batch = collate([corpus[i] for i in order[:config.batch_sequences]])
-        del order[:config.batch_sequences]
-        progress = min((elapsed() - train_start) / max(train_budget, 1e-9), 1.0)
-        lr = config.lr * min(1.0, (step + 1) / config.warmup_steps) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        ce, hidden_err = mtp_loss(mtp, embed, lm_head, batch, config.ce_fraction, generator)
-        optimizer.zero_grad()
-        (ce + HIDDEN_MATCH_WEIGHT * hidden_err).backward()
-        optimizer.step()
-        losses.append(ce.item())
-        step += 1
-        if step % 10 == 0 or step == 1:
-            recent = losses[-10:]
-            log(f"[train-draft] step {step}: loss {sum(recent) / len(recent):.3f} (hidden err {hidden_err.item():.3f}, "
-                f"lr {lr:.2e}, {elapsed():.0f} s)")
+    fit = fit_layer(mtp, embed, lm_head, train, validation, vocab, config,
+                    deadline=start + config.train_end_share * budget, rng=rng, log=log)
     seconds["train"] = elapsed()
+    losses, step = fit.losses, fit.steps
 
     write_mtp_checkpoint(base_dir, out_dir, {k: v.detach() for k, v in mtp.state_dict().items()})
     stored = MtpLayer(model_config)  # measured as written: the checkpoint stores the base dtype
@@ -215,12 +172,104 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
         train_steps=step,
         loss_first=sum(losses[:tenth]) / tenth,
         loss_last=sum(losses[-tenth:]) / tenth,
+        best_step=fit.best_step,
+        validation=fit.validation,
         before=asdict(before),
         after=asdict(after),
         seconds={k: round(v, 1) for k, v in seconds.items()},
     )
     (out_dir / "draft-training.json").write_text(json.dumps({"config": asdict(config), "result": asdict(result)}, indent=2))
     return result
+
+
+@dataclass
+class FitResult:
+    steps: int
+    losses: list[float]  # draft-1 hard cross-entropy per step
+    best_step: int
+    validation: list
+
+
+def _evaluate(mtp, embed, lm_head, sequences, vocab, config) -> list[float]:
+    """Teacher-forced prefix match per draft step over `sequences`, weighted by labelled positions."""
+    hits, counts = torch.zeros(config.draft_steps), torch.zeros(config.draft_steps)
+    mtp.eval()
+    with torch.no_grad():
+        for i in range(0, len(sequences), config.batch_sequences):
+            r = unrolled_losses(mtp, embed, lm_head, collate(sequences[i:i + config.batch_sequences]),
+                                config.draft_steps, vocab)
+            c = torch.tensor(r.counts, dtype=torch.float32)
+            hits += r.prefix_match * c
+            counts += c
+    mtp.train()
+    return (hits / counts.clamp_min(1)).tolist()
+
+
+def fit_layer(mtp: MtpLayer, embed, lm_head, train: list[Sequence], validation: list[Sequence], vocab, config,
+              deadline: float, rng: random.Random, log=print) -> FitResult:
+    """Train `mtp` in place until time.monotonic() reaches `deadline` (or config.max_train_steps), evaluating
+    on `validation` `config.validations` times and loading back the state with the best weighted chain match.
+    At least one step runs."""
+    optimizer = torch.optim.AdamW(mtp.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    weights = torch.tensor(config.step_weights)
+    start = time.monotonic()
+    total = max(deadline - start, 1e-9)
+    order: list[int] = []
+    losses, history = [], []
+    best = (-1.0, 0, None)
+    next_eval = 1
+    mtp.train()
+    step = 0
+
+    def progress_now() -> float:  # of the time, or of max_train_steps, whichever comes first
+        by_time = (time.monotonic() - start) / total
+        by_steps = step / config.max_train_steps if config.max_train_steps is not None else 0.0
+        return min(max(by_time, by_steps), 1.0)
+
+    def evaluate():
+        nonlocal best
+        if not validation:
+            return
+        match = _evaluate(mtp, embed, lm_head, validation, vocab, config)
+        history.append([step, round(time.monotonic() - start, 1), [round(m, 4) for m in match]])
+        score = sum(match)  # expected accepted drafts per round, if positions were independent
+        if score > best[0]:
+            best = (score, step, {k: v.detach().clone() for k, v in mtp.state_dict().items()})
+        log(f"[train-draft] validation at step {step}: teacher-forced draft prefix match {_fmt(match)}")
+
+    while time.monotonic() < deadline or step == 0:
+        if config.max_train_steps is not None and step >= config.max_train_steps:
+            break
+        if len(order) < config.batch_sequences:
+            order += rng.sample(range(len(train)), len(train))
+        batch = collate([train[i] for i in order[:config.batch_sequences]])
+        del order[:config.batch_sequences]
+        progress = progress_now()
+        lr = config.lr * min(1.0, (step + 1) / config.warmup_steps) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        r = unrolled_losses(mtp, embed, lm_head, batch, config.draft_steps, vocab)
+        loss = (weights * (r.soft_ce + config.hidden_match_weight * r.hidden_err)).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(r.hard_ce[0].item())
+        step += 1
+        if step % 10 == 0 or step == 1:
+            recent = losses[-10:]
+            log(f"[train-draft] step {step}: draft-1 loss {sum(recent) / len(recent):.3f}, per-step soft CE "
+                f"{_fmt(r.soft_ce.tolist())}, hidden err {_fmt(r.hidden_err.tolist())}, lr {lr:.2e}, "
+                f"{time.monotonic() - start:.0f} s")
+        progress = progress_now()
+        if progress >= next_eval / max(config.validations, 1):
+            evaluate()
+            next_eval = math.floor(progress * config.validations) + 1
+    if not history or history[-1][0] != step:
+        evaluate()
+    if best[2] is not None:
+        mtp.load_state_dict(best[2])
+    return FitResult(steps=step, losses=losses, best_step=best[1] if best[2] is not None else step,
+                     validation=history)
 
 
 def _fmt(values: list[float]) -> str:

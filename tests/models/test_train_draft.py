@@ -3,24 +3,28 @@ measured, and a missing model is one clear error."""
 
 import json
 import shutil
+from pathlib import Path
 
 import torch
 
 from sglang_ext.models.__main__ import main
 from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_mtp_weights
-from sglang_ext.models.train_draft import DraftTrainConfig, train_draft
+from sglang_ext.models.draft_corpus import generate
+from sglang_ext.models.train_draft import DraftTrainConfig, load_base, train_draft
 
 
 def test_tiny_training_run_lowers_the_loss_and_writes_a_measured_checkpoint(model_dir, tmp_path):
     torch.set_num_threads(2)
     config = DraftTrainConfig(minutes=30, heldout_prompts=2, new_tokens=16,
-                              corpus_batch_prompts=4, max_corpus_batches=1, max_train_steps=16, batch_sequences=4,
-                              lr=1e-3, warmup_steps=2)
+                              corpus_batch_prompts=6, max_corpus_batches=1, max_train_steps=16, batch_sequences=4,
+                              lr=1e-3, warmup_steps=2, validation_share=0.2, validations=4)
     lines = []
     result = train_draft(config, base_dir=model_dir, out_dir=tmp_path / "mtp", log=lines.append)
-    assert result.corpus_sequences >= 3 and result.train_steps == 16
+    assert result.corpus_sequences >= 4 and result.train_steps == 16
+    assert len(result.validation) >= 4 and result.validation[-1][0] == 16
+    assert result.best_step in [v[0] for v in result.validation]
     assert result.loss_last < 0.8 * result.loss_first, f"loss {result.loss_first:.3f} -> {result.loss_last:.3f}"
-    assert any("step 10: loss" in line for line in lines) and any("accept length" in line for line in lines)
+    assert any("step 10: draft-1 loss" in line for line in lines) and any("accept length" in line for line in lines)
     trained, initial = load_mtp_weights(tmp_path / "mtp"), fixed_seed_mtp_weights(model_dir, config.seed)
     assert set(trained) == set(initial)
     assert not torch.equal(trained["input_proj.weight"], initial["input_proj.weight"].to(torch.bfloat16).float())
@@ -30,6 +34,24 @@ def test_tiny_training_run_lowers_the_loss_and_writes_a_measured_checkpoint(mode
     assert saved["result"]["after"] == after
     assert json.loads((tmp_path / "mtp" / "config.json").read_text())["architectures"] == ["MiMoForCausalLM"]
     shutil.rmtree(tmp_path / "mtp")  # 270 MB; pytest keeps the last runs' tmp folders
+
+
+def test_generate_records_the_hidden_states_of_a_full_forward_pass(model_dir):
+    torch.set_num_threads(2)
+    model, tokenizer = load_base(Path(model_dir))
+    prompt_ids = [tokenizer("The moon is")["input_ids"], tokenizer("Write a list of three colours:")["input_ids"]]
+    assert len(prompt_ids[0]) != len(prompt_ids[1])  # left padding is exercised
+    for temperature in (0.0, 0.8):
+        sequences = generate(model, tokenizer, prompt_ids, 12, temperature, seed=1)
+        for seq, p in zip(sequences, prompt_ids):
+            assert seq is not None and seq.tokens[:len(p)].tolist() == p and len(seq.tokens) > len(p) + 4
+            with torch.no_grad():
+                full = model.model(input_ids=seq.tokens[None]).last_hidden_state[0]
+            err = (seq.hidden - full).abs().max().item()
+            assert err < 1e-3 * full.abs().max().item(), f"hidden state differs from a full pass by {err}"
+            assert torch.equal(seq.greedy, model.lm_head(full).argmax(-1))
+            if temperature == 0:
+                assert torch.equal(seq.tokens[len(p):], seq.greedy[len(p) - 1:-1])
 
 
 def test_missing_model_tells_to_prepare(tmp_path, capsys):

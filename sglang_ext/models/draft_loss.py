@@ -1,0 +1,112 @@
+"""Training loss of the MTP draft layer, unrolled over the draft chain the way NEXTN runs it.
+
+Step 1 at position t takes (target hidden h_t, token x_{t+1}) and should predict the target's greedy token after
+x_{t+1}. Step s > 1 at position t+s-1 takes (the layer's own output of step s-1, token x_{t+s}) and attends to
+the draft KV of the target-fed positions <= t plus its own chain's earlier steps: what SGLang's EAGLE worker
+feeds MiMoMTP (`logits_output.hidden_states` of the previous draft step, after final_layernorm) and what
+`draft_acceptance.chain_drafts` simulates. Inputs are teacher-forced on the sequence's tokens; labels are the
+target's greedy tokens, so sampled corpus sequences teach what greedy verification accepts.
+
+Per step: soft cross-entropy against the target's own next-token distribution, softmax(lm_head h_{t+s}) (known
+for free: lm_head is frozen and h is stored), over a token subset `vocab` (every token of the corpus) because
+the lm_head product dominates the cost; plus a relative squared error pulling the output towards h_{t+s}.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from sglang_ext.models.draft_corpus import Sequence
+from sglang_ext.models.mtp_layer import MtpLayer
+
+
+@dataclass
+class StepLosses:
+    soft_ce: torch.Tensor  # [steps] soft cross-entropy against the target distribution (training objective)
+    hard_ce: torch.Tensor  # [steps] cross-entropy on the greedy token, over `vocab` (reported)
+    hidden_err: torch.Tensor  # [steps] relative squared error to the target hidden state
+    prefix_match: torch.Tensor  # [steps] share of chains whose steps 1..s all predict the greedy token
+    counts: list[int]  # labelled positions per step
+
+
+def collate(sequences: list[Sequence]) -> dict[str, torch.Tensor]:
+    """Right-pad a batch (right padding is harmless under a causal mask). `label_ok[b, j]`: greedy[b, j] is a
+    label to learn, i.e. j >= prompt_len - 1 (it predicts a continuation token) and j < len(sequence)."""
+    length = max(len(s.tokens) for s in sequences)
+    hidden_size = sequences[0].hidden.shape[-1]
+    tokens = torch.zeros(len(sequences), length, dtype=torch.long)
+    greedy = torch.zeros(len(sequences), length, dtype=torch.long)
+    hidden = torch.zeros(len(sequences), length, hidden_size)
+    label_ok = torch.zeros(len(sequences), length, dtype=torch.bool)
+    for b, s in enumerate(sequences):
+        n = len(s.tokens)
+        tokens[b, :n], greedy[b, :n], hidden[b, :n] = s.tokens, s.greedy, s.hidden.float()
+        label_ok[b, max(s.prompt_len - 1, 0):n] = True
+    return {"tokens": tokens, "greedy": greedy, "hidden": hidden, "label_ok": label_ok}
+
+
+def unrolled_losses(mtp: MtpLayer, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict, steps: int,
+                    vocab: torch.Tensor | None = None) -> StepLosses:
+    """Losses of draft steps 1..`steps` at every start position of `batch` (from `collate`).
+
+    embed, lm_head: [V, H] (frozen). vocab: [V'] sorted token ids the logits are restricted to (None: all);
+    labels outside it are dropped from the hard cross-entropy and the match counts.
+    """
+    tokens, greedy, hidden, label_ok = batch["tokens"], batch["greedy"], batch["hidden"], batch["label_ok"]
+    bsz, length = tokens.shape
+    n = length - 1  # start positions t = 0..n-1 (token x_{t+1} must exist)
+    head = lm_head if vocab is None else lm_head[vocab]
+    if vocab is None:
+        remap = None
+    else:
+        remap = torch.full((lm_head.shape[0],), -1, dtype=torch.long)
+        remap[vocab] = torch.arange(len(vocab))
+    positions = torch.arange(n).expand(bsz, -1)
+    out, kv = mtp(hidden[:, :n], embed[tokens[:, 1:]], positions)
+    past_k, past_v = [kv[0]], [kv[1]]
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    own = torch.eye(n, dtype=torch.bool)
+    soft, hard, herr, match, counts = [], [], [], [], []
+    chain_ok = torch.ones(bsz, n, dtype=torch.bool)
+    for s in range(1, steps + 1):
+        # out[:, t] is step s of the chain started at t: it predicts greedy[:, t+s]; h_{t+s} is its ideal value
+        valid = torch.zeros(bsz, n, dtype=torch.bool)
+        valid[:, :max(length - s, 0)] = label_ok[:, s:]
+        labels = torch.zeros(bsz, n, dtype=torch.long)
+        labels[:, :max(length - s, 0)] = greedy[:, s:]
+        ideal = torch.zeros_like(out)
+        ideal[:, :max(length - s, 0)] = hidden[:, s:]
+        if remap is not None:
+            labels = remap[labels]
+        o, h, y = out[valid], ideal[valid], labels[valid]
+        logits = o @ head.T
+        with torch.no_grad():
+            target = F.softmax(h @ head.T, dim=-1)
+        soft.append(-(target * F.log_softmax(logits, dim=-1)).sum(-1).mean())
+        known = y >= 0
+        hard.append(F.cross_entropy(logits[known], y[known]).detach() if known.any() else torch.tensor(0.0))
+        herr.append((o - h).pow(2).mean() / h.pow(2).mean().clamp_min(1e-12))
+        hit = torch.zeros(bsz, n, dtype=torch.bool)
+        hit[valid] = (logits.argmax(-1) == y).detach()
+        chain_ok = chain_ok & hit
+        match.append(chain_ok[valid].float().mean() if valid.any() else torch.tensor(0.0))
+        counts.append(int(valid.sum()))
+        if s == steps:
+            break
+        next_tokens = torch.zeros(bsz, n, dtype=torch.long)
+        next_tokens[:, :max(n - s, 0)] = tokens[:, s + 1:]
+        mask = torch.cat([causal] + [own] * s, dim=1)
+        out, kv = mtp(out, embed[next_tokens], positions + s,
+                      past_kv=(torch.cat(past_k, dim=2), torch.cat(past_v, dim=2)), mask=mask)
+        past_k.append(kv[0])
+        past_v.append(kv[1])
+    return StepLosses(torch.stack(soft), torch.stack(hard), torch.stack(herr), torch.stack(match), counts)
+
+
+def corpus_vocab(sequences: list[Sequence]) -> torch.Tensor:
+    """Sorted ids of every token and greedy label in `sequences`."""
+    return torch.unique(torch.cat([torch.cat([s.tokens, s.greedy]) for s in sequences]))
+
+
+__all__ = ["StepLosses", "collate", "corpus_vocab", "unrolled_losses"]

@@ -1,0 +1,89 @@
+"""Unrolled draft loss: each step's soft cross-entropy and hidden error against drafting one chain at a time
+with explicit sequences (the layer's own output fed back, as NEXTN does), and the label mask of collate."""
+
+import torch
+import torch.nn.functional as F
+
+from sglang_ext.models.draft_corpus import Sequence
+from sglang_ext.models.draft_loss import collate, corpus_vocab, unrolled_losses
+from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights
+from sglang_ext.models.mtp_layer import MtpLayer
+from tiny_llama import TINY_CONFIG, write_tiny_llama
+
+H, V = TINY_CONFIG["hidden_size"], TINY_CONFIG["vocab_size"]
+
+
+def _setup(tmp_path):
+    mtp = MtpLayer(TINY_CONFIG)
+    mtp.load_state_dict(fixed_seed_mtp_weights(write_tiny_llama(tmp_path / "base"), seed=3))
+    g = torch.Generator().manual_seed(7)
+    embed = torch.randn(V, H, generator=g)
+    head = torch.randn(V, H, generator=g)
+    seqs = []
+    for length, prompt_len in ((11, 3), (8, 2)):
+        tokens = torch.randint(0, V, (length,), generator=g)
+        greedy = torch.randint(0, V, (length,), generator=g)  # sampled text: greedy differs from the next token
+        seqs.append(Sequence(tokens, torch.randn(length, H, generator=g), greedy, prompt_len))
+    return mtp.eval(), embed, head, seqs
+
+
+def _explicit(mtp, embed, head, seq, steps):
+    """Per step: (soft CE, hard CE, squared error, squared norm of the ideal) summed over the labelled chains."""
+    sums = torch.zeros(steps, 4)
+    counts = [0] * steps
+    n = len(seq.tokens)
+    for t in range(n - 1):
+        hidden, tokens = seq.hidden[: t + 1], seq.tokens[1: t + 2]
+        for s in range(1, steps + 1):
+            if t + s > n - 1:
+                break
+            out, _ = mtp(hidden[None], embed[tokens][None], torch.arange(len(tokens))[None])
+            o = out[0, -1]
+            if t + s >= seq.prompt_len - 1:
+                target = F.softmax(head @ seq.hidden[t + s], -1)
+                logp = F.log_softmax(head @ o, -1)
+                sums[s - 1] += torch.stack([-(target * logp).sum(), -logp[seq.greedy[t + s]],
+                                            (o - seq.hidden[t + s]).pow(2).sum(), seq.hidden[t + s].pow(2).sum()])
+                counts[s - 1] += 1
+            if t + s + 1 > n - 1:
+                break
+            hidden = torch.cat([hidden, o[None]])  # the step's own output is the next step's hidden input
+            tokens = torch.cat([tokens, seq.tokens[t + s + 1: t + s + 2]])  # teacher-forced next token
+    return sums, counts
+
+
+def test_unrolled_losses_equal_explicit_chains(tmp_path):
+    mtp, embed, head, seqs = _setup(tmp_path)
+    steps = 3
+    with torch.no_grad():
+        got = unrolled_losses(mtp, embed, head, collate(seqs), steps)
+        totals, counts = torch.zeros(steps, 4), [0] * steps
+        for seq in seqs:
+            sums, c = _explicit(mtp, embed, head, seq, steps)
+            totals += sums
+            counts = [a + b for a, b in zip(counts, c)]
+    assert got.counts == counts
+    n = torch.tensor(counts, dtype=torch.float32)
+    torch.testing.assert_close(got.soft_ce, totals[:, 0] / n, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.hard_ce, totals[:, 1] / n, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.hidden_err, totals[:, 2] / totals[:, 3], rtol=1e-4, atol=1e-4)
+
+
+def test_vocab_subset_restricts_the_logits(tmp_path):
+    mtp, embed, head, seqs = _setup(tmp_path)
+    vocab = corpus_vocab(seqs)
+    assert torch.equal(vocab, torch.unique(torch.cat([s.tokens for s in seqs] + [s.greedy for s in seqs])))
+    with torch.no_grad():
+        full = unrolled_losses(mtp, embed, head, collate(seqs), 2)
+        sub = unrolled_losses(mtp, embed, head, collate(seqs), 2, vocab)
+    assert len(vocab) < V and sub.counts == full.counts
+    assert (sub.hard_ce < full.hard_ce).all(), "fewer competing tokens must lower the cross-entropy"
+    torch.testing.assert_close(sub.hidden_err, full.hidden_err)
+
+
+def test_collate_marks_continuation_labels():
+    seqs = [Sequence(torch.arange(6), torch.zeros(6, 4), torch.arange(6), 3),
+            Sequence(torch.arange(4), torch.zeros(4, 4), torch.arange(4), 1)]
+    batch = collate(seqs)
+    assert batch["label_ok"].tolist() == [[False, False, True, True, True, True],
+                                          [True, True, True, True, False, False]]
