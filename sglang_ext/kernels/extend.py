@@ -1,6 +1,8 @@
 """Extend (prefill) attention: each request's new tokens attend to its compressed prefix, read from the planes
 through kv_indices (which cover the prefix only, as in SGLang), and to the new tokens themselves, taken at
 full precision from k_extend / v_extend (also already stored in the pool by store_kv), causally.
+Speculative verify passes new_slots: the new (draft) tokens are then read back from the planes at their slots,
+as decode reads its current token, so that verify computes what sequential decode steps would.
 
 Octave: q, k_extend and v_extend are rotated once into the K / V bases, the kernel works in the rotated basis
 throughout, and the output is un-rotated once. Grid (batch, KV head, query block): a program owns block_m new
@@ -27,14 +29,15 @@ BLOCK_N = {64: 64, 128: 64, 256: 32}
 
 @triton.jit
 def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v_scales,
-                   qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, sm_scale,
+                   qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, new_slots, sm_scale,
                    stride_q_t, stride_q_h, stride_ke_t, stride_ke_h, stride_ve_t, stride_ve_h,
                    stride_o_t, stride_o_h,
                    stride_kc_slot, stride_kc_head, stride_ks_slot, stride_ks_head,
                    stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
                    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, K_N4: tl.constexpr, V_N4: tl.constexpr, NB: tl.constexpr,
-                   IS_CAUSAL: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr, LOGIT_CAP: tl.constexpr,
+                   IS_CAUSAL: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr, NEW_FROM_POOL: tl.constexpr,
+                   LOGIT_CAP: tl.constexpr,
                    DOT_BF16: tl.constexpr, LUT: tl.constexpr):
     # One program: BLOCK_M new tokens x all GROUP q heads of one KV head, as rows r = token * BLOCK_G + head,
     # so every prefix tile is read and decoded once per KV head and query block, not once per q head.
@@ -79,7 +82,8 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v
                 FMT, p, acc0 * rescale[:, None], acc1 * rescale[:, None], acc2 * rescale[:, None],
                 acc3 * rescale[:, None], v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
                 slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT)
-        # stage 2: the new tokens at full precision (already in the attention basis)
+        # stage 2: the new tokens, at full precision (already in the attention basis) or, with NEW_FROM_POOL,
+        # read back from the planes at new_slots like the prefix
         if USE_CUSTOM_MASK:
             mask_start = tl.load(mask_indptr + batch).to(tl.int64)
             mask_row = prefix_len + ext_len
@@ -92,8 +96,14 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < ext_len
             rows = q_start + offs_n
-            qk = scores(0, q0, q1, q2, q3, ke_ptr, ke_ptr, rows * stride_ke_t + kv_head * stride_ke_h, rows,
-                        mask_n, 0, NB, BLOCK_M * BLOCK_G, BLOCK_N, DOT_BF16, 0) * sm_scale
+            if NEW_FROM_POOL:
+                slot = tl.load(new_slots + rows, mask=mask_n, other=0).to(tl.int64)
+                qk = scores(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
+                            slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_M * BLOCK_G,
+                            BLOCK_N, DOT_BF16, LUT) * sm_scale
+            else:
+                qk = scores(0, q0, q1, q2, q3, ke_ptr, ke_ptr, rows * stride_ke_t + kv_head * stride_ke_h, rows,
+                            mask_n, 0, NB, BLOCK_M * BLOCK_G, BLOCK_N, DOT_BF16, 0) * sm_scale
             if LOGIT_CAP > 0:
                 qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
             keep = mask_n[None, :]
@@ -108,10 +118,16 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v
             p = tl.exp(qk - n_max[:, None])
             e_sum = e_sum * rescale + tl.sum(p, 1)
             e_max = n_max
-            acc0, acc1, acc2, acc3 = accumulate(
-                0, p, acc0 * rescale[:, None], acc1 * rescale[:, None], acc2 * rescale[:, None],
-                acc3 * rescale[:, None], ve_ptr, ve_ptr, rows * stride_ve_t + kv_head * stride_ve_h, rows, mask_n,
-                0, NB, BLOCK_N, DOT_BF16, 0)
+            if NEW_FROM_POOL:
+                acc0, acc1, acc2, acc3 = accumulate(
+                    FMT, p, acc0 * rescale[:, None], acc1 * rescale[:, None], acc2 * rescale[:, None],
+                    acc3 * rescale[:, None], v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
+                    slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT)
+            else:
+                acc0, acc1, acc2, acc3 = accumulate(
+                    0, p, acc0 * rescale[:, None], acc1 * rescale[:, None], acc2 * rescale[:, None],
+                    acc3 * rescale[:, None], ve_ptr, ve_ptr, rows * stride_ve_t + kv_head * stride_ve_h, rows,
+                    mask_n, 0, NB, BLOCK_N, DOT_BF16, 0)
         store_blocks(out_ptr, (q_start + offs_m) * stride_o_t + heads * stride_o_h, mask_r, acc0, acc1, acc2, acc3,
                      1.0 / e_sum, NB)
 
@@ -122,7 +138,8 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
                      is_causal: bool = True, page_size: int = 1, logit_cap: float = 0.0,
                      block_m: int | None = None, block_n: int | None = None, dot_bf16: bool | None = None,
                      num_warps: int = 8, num_stages: int | None = None, lut: int | None = None,
-                     custom_mask: torch.Tensor | None = None, mask_indptr: torch.Tensor | None = None) -> torch.Tensor:
+                     custom_mask: torch.Tensor | None = None, mask_indptr: torch.Tensor | None = None,
+                     new_slots: torch.Tensor | None = None) -> torch.Tensor:
     """q_extend/o_extend [T, Hq, D], k_extend/v_extend [T, Hkv, D]; qo_indptr [B+1] over T; kv_indptr [B+1]
     and kv_indices: each request's prefix slots (token-level ids; page_size as in decode.py).
     max_len_extend must be >= every request's new-token count. dot_bf16, lut: as in decode_attention.
@@ -132,6 +149,9 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     block [m_b, l_b + m_b] at mask_indptr[b]; it replaces the causal mask among the new tokens. Its prefix
     columns are not read: every query sees its whole prefix (as with SGLang's skip_prefix_custom_mask, the
     default of its Triton extend kernel; verify masks always have them set).
+    new_slots [>= T] int (speculative verify): the new tokens' slots, already written by store_kv; the new tokens'
+    K/V are then read from the planes there (through the format, as decode reads its current token) and
+    k_extend / v_extend are not read.
     Writes every row of o_extend; returns it."""
     check_planes(fmt, planes)
     t, hq, d = q_extend.shape
@@ -148,6 +168,10 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     if custom_mask is not None:
         assert custom_mask.dtype in (torch.bool, torch.uint8) and custom_mask.dim() == 1, custom_mask.dtype
         assert mask_indptr is not None and mask_indptr.shape == qo_indptr.shape, "custom_mask needs mask_indptr [B+1]"
+    if new_slots is not None:
+        # >= t: a CUDA-graph batch may hand in its whole static out_cache_loc buffer; rows past t are not read
+        assert new_slots.dim() == 1 and new_slots.shape[0] >= t and not new_slots.is_floating_point(), (
+            new_slots.shape, new_slots.dtype)
     batch = qo_indptr.shape[0] - 1
     if batch == 0 or t == 0:
         return o_extend
@@ -157,8 +181,9 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     if fmt.rotated:
         f32 = torch.float32
         q_in = rotate_rows(q_extend, torch.empty(q_extend.shape, dtype=f32, device=dev), rotation.K_TENSOR, False)
-        k_in = rotate_rows(k_extend, torch.empty(k_extend.shape, dtype=f32, device=dev), rotation.K_TENSOR, False)
-        v_in = rotate_rows(v_extend, torch.empty(v_extend.shape, dtype=f32, device=dev), rotation.V_TENSOR, False)
+        if new_slots is None:  # else the new tokens come from the planes, already rotated
+            k_in = rotate_rows(k_extend, torch.empty(k_extend.shape, dtype=f32, device=dev), rotation.K_TENSOR, False)
+            v_in = rotate_rows(v_extend, torch.empty(v_extend.shape, dtype=f32, device=dev), rotation.V_TENSOR, False)
         out = torch.empty(q_extend.shape, dtype=f32, device=dev)
     else:
         out = o_extend
@@ -176,12 +201,13 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     mask_bits = custom_mask.view(torch.uint8) if use_mask else qo_indptr
     _extend_kernel[grid](
         q_in, k_in, v_in, out, kc, ks, vc, vs, qo_indptr, kv_indptr, kv_indices, mask_bits,
-        mask_indptr if use_mask else qo_indptr, sm_scale,
+        mask_indptr if use_mask else qo_indptr, new_slots if new_slots is not None else qo_indptr, sm_scale,
         q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1), v_in.stride(0), v_in.stride(1),
         out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1), vs.stride(0), vs.stride(1),
         FMT=kind, GROUP=group, BLOCK_G=block_g, BLOCK_M=block_m, BLOCK_N=block_n, K_N4=k_n4, V_N4=v_n4,
-        NB=d // 64, IS_CAUSAL=bool(is_causal), USE_CUSTOM_MASK=use_mask, LOGIT_CAP=float(logit_cap),
+        NB=d // 64, IS_CAUSAL=bool(is_causal), USE_CUSTOM_MASK=use_mask,
+        NEW_FROM_POOL=new_slots is not None, LOGIT_CAP=float(logit_cap),
         DOT_BF16=bf16_dots, LUT=level_decode(q_extend, bf16_dots, lut), **launch_opts)
     if fmt.rotated:
         rotate_rows(out, o_extend, rotation.V_TENSOR, True)

@@ -30,7 +30,8 @@ class PaddedBatch:
     # q_valid: [B, M] bool, False on padding
     q_valid: torch.Tensor
     # mask: [B, M, L + M'] bool, True = query m of sequence b sees that key; M' = M when the new tokens come
-    # in with the call (new_tokens), else 0. Padding keys are False.
+    # in with the call (new_tokens), else 0. Padding keys are False. (After read_new_tokens_from_pool, the
+    # M new-token columns are pool slots: kv_slots is [B, L + M] and new_tokens False.)
     mask: torch.Tensor
     new_tokens: bool
 
@@ -81,6 +82,21 @@ def pad_batch(
         mask = torch.cat([mask, new], dim=2)
     kv_slots = plan.kv_indices.long()[kv_rows] if width_kv else kv_rows
     return PaddedBatch(kv_slots, q_rows, q_valid, mask.contiguous(), new_tokens)
+
+
+def read_new_tokens_from_pool(batch: PaddedBatch, new_slots: torch.Tensor) -> PaddedBatch:
+    """`batch` (laid out with new_tokens) with the new tokens' keys read back from the pool at new_slots
+    [T] (their slots, rows laid out like q; stored before attending) instead of taken at full precision.
+
+    Speculative target verify: decode attends to its current token through the lossy format (stored, then read
+    like every cached key), so verify must read each draft the same way, or its logits differ from decode's.
+    The mask is unchanged: its new-token columns now index the appended slot columns.
+    """
+    if not batch.new_tokens:
+        raise ValueError("read_new_tokens_from_pool needs a batch laid out with new_tokens")
+    # padding rows (q_rows 0) read a real slot; their columns are masked out
+    new_cols = new_slots.long()[batch.q_rows]
+    return PaddedBatch(torch.cat([batch.kv_slots, new_cols], dim=1), batch.q_rows, batch.q_valid, batch.mask, False)
 
 
 def batched_attention(

@@ -6,6 +6,9 @@ only, dequantized and attended: for the whole batch in one call (`batched_attent
 prefill chunks (the format's torch reference). Target verify takes SGLang's custom mask (tree drafts).
 New extend tokens attend to their own K/V as computed (not the stored codes), the cached prefix is read back
 from the pool, exactly as the Triton kernels do on GPU, so CPU runs measure what GPU serving computes.
+Target verify is the exception: its draft tokens are stored first and read back through the format, as decode
+reads its current token, so that verify computes the logits sequential decode steps would (greedy output with
+speculation = without).
 """
 
 from __future__ import annotations
@@ -14,7 +17,12 @@ import torch
 
 from sglang_ext import compat
 from sglang_ext.kvcache.batch_plan import BatchPlan, plan_decode, plan_extend
-from sglang_ext.kvcache.batched_attention import PaddedBatch, batched_attention, pad_batch
+from sglang_ext.kvcache.batched_attention import (
+    PaddedBatch,
+    batched_attention,
+    pad_batch,
+    read_new_tokens_from_pool,
+)
 from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
 from sglang_ext.kvformats import reference
 
@@ -87,7 +95,8 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
             if custom_mask is not None:
                 block = num_draft * (torch.tensor(prefix_lens, dtype=torch.int64) + num_draft)
                 mask_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(block, 0)])
-            self.padded = pad_batch(self.plan, new_tokens=True, custom_mask=custom_mask, mask_indptr=mask_indptr)
+            padded = pad_batch(self.plan, new_tokens=True, custom_mask=custom_mask, mask_indptr=mask_indptr)
+            self.padded = read_new_tokens_from_pool(padded, forward_batch.out_cache_loc)
         elif mode.is_extend(include_draft_extend_v2=True):
             self.plan = plan_extend(
                 req_to_token,
@@ -119,6 +128,9 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
         v3 = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
         if save_kv_cache:
             self._store(layer, forward_batch, k3, v3)
+        elif forward_batch.forward_mode.is_target_verify():
+            raise NotImplementedError(f"--kv-cache-dtype {self.kv_format.name}: target verify reads the drafts "
+                                      "from the pool, so it must store them (save_kv_cache)")
         q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         planes = self.kv_pool.layer_planes(layer.layer_id)
         if self.padded is not None:

@@ -4,7 +4,9 @@ Everything per batch (kv_indptr / kv_indices / qo_indptr, CUDA-graph buffers, sp
 TritonAttnBackend's own metadata; only the per-layer calls change: the pool's store kernel writes new K/V,
 `sglang_ext.kernels.decode_attention` / `extend_attention` read the format's planes at kv_indices.
 Speculative decoding: target verify runs through the extend kernel with SGLang's custom mask when the batch
-has one (tree drafts, NGRAM), causally otherwise (chain drafts); draft extend (DRAFT_EXTEND_V2) is an extend
+has one (tree drafts, NGRAM), causally otherwise (chain drafts), and reads the draft tokens back from the
+pool at out_cache_loc (stored first), as decode reads its current token, so that verify computes the logits
+sequential decode would (greedy output with speculation = without); draft extend (DRAFT_EXTEND_V2) is an extend
 whose kv lists cover the prefix only, which TritonAttnBackend's metadata already gives.
 Only compile-checked on this project's CPU CI; the kernels themselves are tested against the torch reference.
 """
@@ -57,11 +59,15 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
             raise NotImplementedError(f"--kv-cache-dtype {self.kv_format.name}: extend without fresh K/V")
         k3 = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim).contiguous()
         v3 = v.view(-1, layer.tp_v_head_num, layer.v_head_dim).contiguous()
+        verify = forward_batch.forward_mode.is_target_verify()
         if save_kv_cache:
             self._store(layer, forward_batch, k3, v3)
+        elif verify:
+            raise NotImplementedError(f"--kv-cache-dtype {self.kv_format.name}: target verify reads the drafts "
+                                      "from the pool, so it must store them (save_kv_cache)")
         o = torch.empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
         md = self.forward_metadata
-        verify_mask = md.custom_mask if forward_batch.forward_mode.is_target_verify() else None
+        verify_mask = md.custom_mask if verify else None
         extend_attention(
             self.kv_format,
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
@@ -79,6 +85,7 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
             logit_cap=logit_cap_of(layer),
             custom_mask=verify_mask,
             mask_indptr=md.mask_indptr if verify_mask is not None else None,
+            new_slots=forward_batch.out_cache_loc if verify else None,
         )
         return o
 

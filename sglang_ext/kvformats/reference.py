@@ -65,7 +65,7 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
                      planes: dict[str, torch.Tensor], qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
                      kv_indices: torch.Tensor, sm_scale: float, is_causal: bool = True,
                      logit_cap: float = 0.0, custom_mask: torch.Tensor | None = None,
-                     mask_indptr: torch.Tensor | None = None) -> torch.Tensor:
+                     mask_indptr: torch.Tensor | None = None, new_slots: torch.Tensor | None = None) -> torch.Tensor:
     """New tokens of each request attend to its compressed prefix (read from planes through kv_indices, which
     cover the prefix only) and to the new tokens themselves, taken at full precision from k_extend/v_extend
     (as SGLang's extend does), causally when is_causal. Attention runs in the format's basis (octave: q and the
@@ -75,6 +75,9 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     custom_mask (speculative verify with tree drafts) replaces the causal mask: SGLang's layout, for request b
     a row-major bool block [m_b, l_b + m_b] at mask_indptr[b] (columns: its l_b prefix slots, then its m_b
     new tokens; True = attend). A query that sees no key gets a zero output.
+
+    new_slots [T] (speculative verify): the new tokens' slots, already stored; their K/V are then read back from
+    the planes there, through the format (as decode reads its current token), and k_extend/v_extend are unused.
 
     q_extend [T, Hq, D], k_extend/v_extend [T, Hkv, D], qo_indptr [B+1] over T -> o float32 [T, Hq, D].
     """
@@ -91,8 +94,12 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
             kp, vp = fmt.dequantize_rotated_kv(gather_planes(planes, slots))
         else:
             kp = vp = torch.zeros(0, h_kv, fmt.head_dim, dtype=torch.float32, device=q_extend.device)
-        k = torch.cat([kp, fmt.rotate_k(k_extend[q0:q1])])
-        v = torch.cat([vp, fmt.rotate_v(v_extend[q0:q1])])
+        if new_slots is None:
+            kn, vn = fmt.rotate_k(k_extend[q0:q1]), fmt.rotate_v(v_extend[q0:q1])
+        else:
+            kn, vn = fmt.dequantize_rotated_kv(gather_planes(planes, new_slots[q0:q1].long()))
+        k = torch.cat([kp, kn])
+        v = torch.cat([vp, vn])
         m, lp = q1 - q0, slots.numel()
         mask = None
         if custom_mask is not None:

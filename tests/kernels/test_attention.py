@@ -184,3 +184,44 @@ def test_tree_verify_custom_mask_matches_reference(name, device):
     assert (causal - ref).abs().max().item() > 1e-3, "this tree equals the causal mask: the test could not fail"
     err = (o - ref).abs().max().item()
     assert err < 1e-4, f"{name}: tree-masked verify differs from the reference by {err}"
+
+
+@pytest.mark.parametrize("name", ["int8", "octave_k3v4", "octave_k3v3"])
+def test_verify_reads_drafts_like_sequential_decode(name, device):
+    # Speculative verify (new_slots): the drafts, stored first, are read back through the format, so each draft
+    # row's output is the decode kernel's for that token over prefix + drafts so far; attending to the drafts at
+    # full precision (as prefill does) would not be.
+    fmt = get_format(name, 64, None)
+    gen = torch.Generator().manual_seed(11)
+    prefix, n, h_kv, group = [30, 9], 4, 2, 3
+    planes, flat = _pool(fmt, [lp + n for lp in prefix], 1, h_kv, gen, device)
+    runs = flat.split([lp + n for lp in prefix])
+    prefix_slots = torch.cat([r[:lp] for r, lp in zip(runs, prefix)]).to(device)
+    draft_slots = torch.cat([r[lp:] for r, lp in zip(runs, prefix)]).to(device)
+    t = n * len(prefix)
+    q = torch.randn(t, h_kv * group, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
+    ke = torch.randn(t, h_kv, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
+    ve = torch.randn(t, h_kv, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
+    store_kv(fmt, planes, draft_slots, ke, ve)
+    qo, kvp = indptr([n] * len(prefix), device), indptr(prefix, device)
+    o = torch.full((t, h_kv * group, 64), float("nan"), dtype=torch.float32, device=device)
+    extend_attention(fmt, q, ke, ve, o, planes, qo, kvp, prefix_slots, n, 0.125, block_m=16, block_n=16,
+                     dot_bf16=False, new_slots=draft_slots)
+    ref = reference.extend_attention(fmt, q, ke, ve, planes, qo, kvp, prefix_slots, 0.125, new_slots=draft_slots)
+    err_ref = (o - ref).abs().max().item()
+    assert err_ref < 1e-4, f"{name}: verify with new_slots differs from the reference by {err_ref}"
+    decode = torch.empty_like(o)
+    for j in range(n):
+        rows = torch.arange(len(prefix), device=device) * n + j
+        seen = [r[: lp + j + 1] for r, lp in zip(runs, prefix)]
+        o_j = torch.full((len(prefix), h_kv * group, 64), float("nan"), dtype=torch.float32, device=device)
+        decode_attention(fmt, q[rows], planes, o_j, indptr([s.numel() for s in seen], device),
+                         torch.cat(seen).to(device), 0.125, dot_bf16=False)
+        decode[rows] = o_j
+    err = (o - decode).abs().max().item()
+    assert err < 1e-4, f"{name}: verify differs from sequential decode by {err}"
+    full = torch.full_like(o, float("nan"))
+    extend_attention(fmt, q, ke, ve, full, planes, qo, kvp, prefix_slots, n, 0.125, block_m=16, block_n=16,
+                     dot_bf16=False)
+    gap = (full - decode).abs().max().item()
+    assert gap > 10 * max(err, 1e-5), f"{name}: full-precision drafts differ from decode by only {gap}: no power"

@@ -3,7 +3,10 @@
 A fake SGLang batch (the ForwardBatch / RadixAttention fields the backend reads) drives
 `CompressedTorchNativeAttnBackend` in DECODE, TARGET_VERIFY (chain, and tree drafts with SGLang's custom mask)
 and DRAFT_EXTEND_V2 over a real compressed pool. The oracle is dense softmax attention computed here with
-torch SDPA: the cached prefix dequantized from the pool, the new tokens at full precision.
+torch SDPA over the cached prefix dequantized from the pool and the new tokens: at full precision in draft
+extend (as in prefill), read back from the pool in target verify (as decode reads its current token). A chain
+verify must also equal the sequential decode steps it stands for, which a verify attending to its drafts at
+full precision does not.
 """
 
 from __future__ import annotations
@@ -88,6 +91,8 @@ def run_new_tokens(backend, pool, req_to_token, mode, reqs, prefix_lens, num_new
     causal = [torch.cat([torch.ones(num_new, lp, dtype=torch.bool), torch.ones(num_new, num_new).tril().bool()], 1)
               for lp in prefix_lens]  # fmt: skip
     blocks = [tree_block(lp, num_new, gen) for lp in prefix_lens] if tree else causal
+    # verify reads its drafts from the pool (stored first); every other mode attends to them as computed
+    from_pool = mode == compat.ForwardMode.TARGET_VERIFY
     lens = torch.tensor(prefix_lens)
     fb = SimpleNamespace(
         forward_mode=mode, req_pool_indices=torch.tensor(reqs), out_cache_loc=out_loc,
@@ -102,7 +107,11 @@ def run_new_tokens(backend, pool, req_to_token, mode, reqs, prefix_lens, num_new
     expected = []
     for i, (r, lp) in enumerate(zip(reqs, prefix_lens, strict=True)):
         rows = slice(i * num_new, (i + 1) * num_new)
-        expected.append(dense_attention(pool, req_to_token[r, :lp], q[rows], k[rows], v[rows], blocks[i]))
+        if from_pool:
+            slots, empty = torch.cat([req_to_token[r, :lp], out_loc[rows]]), torch.zeros(0, H_KV, DIM)
+            expected.append(dense_attention(pool, slots, q[rows], empty, empty, blocks[i]))
+        else:
+            expected.append(dense_attention(pool, req_to_token[r, :lp], q[rows], k[rows], v[rows], blocks[i]))
     stored = pool.kv_format.quantize(k, v)
     for n, plane in pool.layer_planes(0).items():
         assert torch.equal(plane[out_loc], stored[n]), f"new tokens' plane {n} not stored at out_cache_loc"
@@ -160,3 +169,46 @@ def test_decode_batch_equals_dense_attention(name):
         want = dense_attention(pool, req_to_token[r, :n], q[i : i + 1], empty, empty, sees_all)
         err = float((o[i] - want[0]).abs().max())
         assert err < 1e-4, f"{name} decode request {i} (len {n}): max |backend - dense| {err:.2e}"
+
+
+@pytest.mark.parametrize("name", KV_CACHE_DTYPES)
+def test_chain_verify_equals_sequential_decode(name):
+    """A chain verify of n drafts gives, row by row, the outputs of the n decode steps it replaces (each stores
+    its token, then attends through the pool), so greedy output with speculation equals output without."""
+    gen = torch.Generator().manual_seed(10)
+    backend, pool, req_to_token = make_backend(name, gen)
+    reqs, prefix_lens, n = [3, 0, 4], [50, 7, 101], 4
+    fill_prefix(pool, req_to_token, reqs, prefix_lens, gen)
+    t = n * len(reqs)
+    q = torch.randn(t, H_KV * GROUP, DIM, generator=gen)
+    k = torch.randn(t, H_KV, DIM, generator=gen)
+    v = torch.randn(t, H_KV, DIM, generator=gen)
+    lens = torch.tensor(prefix_lens)
+    out_loc = torch.cat([req_to_token[r, lp : lp + n] for r, lp in zip(reqs, prefix_lens, strict=True)])
+    fb = SimpleNamespace(forward_mode=compat.ForwardMode.TARGET_VERIFY, req_pool_indices=torch.tensor(reqs),
+                         out_cache_loc=out_loc, seq_lens=lens, seq_lens_cpu=lens,
+                         spec_info=SimpleNamespace(num_tokens_per_req=n, custom_mask=None))  # fmt: skip
+    backend.init_forward_metadata(fb)
+    verify = backend.forward_extend(q.view(t, -1), k.view(t, -1), v.view(t, -1), LAYER, fb).view(t, -1, DIM)
+
+    decode = torch.empty_like(verify)
+    for j in range(n):
+        rows = torch.arange(len(reqs)) * n + j
+        step_lens = lens + j + 1
+        fb = SimpleNamespace(forward_mode=compat.ForwardMode.DECODE, req_pool_indices=torch.tensor(reqs),
+                             seq_lens=step_lens, seq_lens_cpu=step_lens, out_cache_loc=out_loc[rows])  # fmt: skip
+        backend.init_forward_metadata(fb)
+        o = backend.forward_decode(q[rows].view(len(reqs), -1), k[rows].view(len(reqs), -1),
+                                   v[rows].view(len(reqs), -1), LAYER, fb)  # fmt: skip
+        decode[rows] = o.view(len(reqs), -1, DIM)
+    err = float((verify - decode).abs().max())
+    assert err < 1e-5, f"{name}: chain verify vs sequential decode: max |diff| {err:.2e}"
+
+    # The test can fail: attending to the drafts at full precision (as prefill does) moves the outputs by far more.
+    full_precision = []
+    for i, (r, lp) in enumerate(zip(reqs, prefix_lens, strict=True)):
+        rows = slice(i * n, (i + 1) * n)
+        mask = torch.cat([torch.ones(n, lp, dtype=torch.bool), torch.ones(n, n).tril().bool()], 1)
+        full_precision.append(dense_attention(pool, req_to_token[r, :lp], q[rows], k[rows], v[rows], mask))
+    gap = float((torch.cat(full_precision) - decode).abs().max())
+    assert gap > 100 * max(err, 1e-7), f"{name}: full-precision drafts differ from decode by only {gap:.2e}"

@@ -6,6 +6,11 @@ were accepted. Sampling (temperature 0.8): the distribution of the second genera
 verify step decides) over many samples matches the non-speculative server's by a two-sample chi-square test
 at p = 0.001; a verifier that silently took the argmax would make that token a function of the first one,
 which the test also rules out.
+
+Compressed KV (`--kv-cache-dtype int8`; why not the octave formats yet: COMPRESSED_KV): NEXTN greedy output
+equals the plain server of the same KV format (verify reads its drafts through the lossy format, as decode reads
+its current token), and drafts are accepted. No sampling test per format: the rejection sampler does not depend
+on the KV format.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ BASE_ARGS = ("--dtype", "float32", "--max-total-tokens", "3000", "--mem-fraction
              "--random-seed", "0")
 NGRAM_ARGS = ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4")
 NEXTN_STEPS = 3
+# octave_k3v4 / octave_k3v3 are not here yet: NEXTN over octave_k3v4 diverged from the plain server on 2 of the 4
+# prompts (186 of 256 tokens identical, benchmarks/spec_kv.py, 2026-11-30); the cause is not found yet.
+COMPRESSED_KV = ("int8",)
 SAMPLE_PROMPT = "My favourite animal is the"
 SAMPLES = 400  # per server
 SAMPLE_BATCH = 40
@@ -135,13 +143,27 @@ def test_ngram_greedy_identical_and_sampling_matches(server_pool, reference):
     assert_sampling_matches(server, reference)
 
 
-def test_nextn_greedy_identical_and_sampling_matches(server_pool, reference, mtp_model_dir):
+def nextn_args(mtp_model_dir) -> tuple[str, ...]:
     # The pool's servers all get the built-in model's --model-path first; argparse keeps the last one given.
-    server = server_pool.get(*BASE_ARGS, "--model-path", mtp_model_dir, "--speculative-algorithm", "NEXTN",
-                             "--speculative-draft-model-path", mtp_model_dir,
-                             "--speculative-num-steps", str(NEXTN_STEPS), "--speculative-eagle-topk", "1",
-                             "--speculative-num-draft-tokens", str(NEXTN_STEPS + 1), name="spec-nextn")
+    return ("--model-path", mtp_model_dir, "--speculative-algorithm", "NEXTN",
+            "--speculative-draft-model-path", mtp_model_dir,
+            "--speculative-num-steps", str(NEXTN_STEPS), "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(NEXTN_STEPS + 1))
+
+
+def test_nextn_greedy_identical_and_sampling_matches(server_pool, reference, mtp_model_dir):
+    server = server_pool.get(*BASE_ARGS, *nextn_args(mtp_model_dir), name="spec-nextn")
     # The MiMo folder is the base model plus zero q/k/v biases: its plain output is the base model's.
     outs = assert_greedy_identical(server, reference)
     assert accepted_drafts(outs) > 0, "no MTP draft was ever accepted"
     assert_sampling_matches(server, reference)
+
+
+@pytest.mark.parametrize("kv", COMPRESSED_KV)
+def test_nextn_over_compressed_kv_greedy_identical(server_pool, mtp_model_dir, kv):
+    kv_args = ("--kv-cache-dtype", kv)
+    # The pool keeps one server alive: the plain one is stopped when the NEXTN one starts.
+    plain = {"greedy": greedy_outputs(server_pool.get(*BASE_ARGS, *kv_args, name=f"spec-plain-{kv}"))}
+    server = server_pool.get(*BASE_ARGS, *kv_args, *nextn_args(mtp_model_dir), name=f"spec-nextn-{kv}")
+    outs = assert_greedy_identical(server, plain)
+    assert accepted_drafts(outs) > 0, f"no MTP draft was ever accepted over {kv} KV"

@@ -1,0 +1,87 @@
+"""NEXTN over each KV format against the plain server of the same format, on the portable CPU platform.
+
+    python benchmarks/spec_kv.py [--kv auto int8 octave_k3v4 octave_k3v3] [--out docs/benchmarks/speculative-kv.json]
+
+Per KV format: a plain server, then a NEXTN server (fixed-seed MTP layer, 3 steps, topk 1, 4 draft tokens), one
+at a time, each given the 4 prompts of tests/spec/test_spec_serving.py one by one (batch 1, greedy, 64 tokens,
+ignore_eos). Recorded per request: output ids, completion_tokens, spec_verify_ct and e2e_latency from the
+server's meta_info, and the 1-minute load average before and after. Printed per format: prompts with identical
+output, identical tokens (position by position), accept length (completion tokens / verify steps) and tokens/s
+(completion tokens / e2e latency, prefill included) for plain and NEXTN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from server import ServerProcess  # noqa: E402
+from spec.test_spec_serving import BASE_ARGS, greedy_outputs, nextn_args  # noqa: E402
+
+from sglang_ext.models import prepare  # noqa: E402
+from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, write_mtp_checkpoint  # noqa: E402
+
+# A forward step can stall for minutes on a shared 2-core machine; SGLang's scheduler watchdog (300 s) would
+# then kill the server mid-run.
+WATCHDOG = ("--watchdog-timeout", "3600")
+
+
+def run_server(model: str, args: list[str], name: str) -> dict:
+    server = ServerProcess(model, args, name=name).start()
+    try:
+        load_before = os.getloadavg()[0]
+        outs = greedy_outputs(server)
+        load_after = os.getloadavg()[0]
+    finally:
+        server.stop()
+    return {"load1_before": load_before, "load1_after": load_after,
+            "requests": [{"ids": o["output_ids"],
+                          **{k: o["meta_info"].get(k) for k in ("completion_tokens", "spec_verify_ct", "e2e_latency")}}
+                         for o in outs]}
+
+
+def summarise(kv: str, plain: dict, nextn: dict) -> dict:
+    pairs = list(zip(plain["requests"], nextn["requests"], strict=True))
+    tokens = sum(len(p["ids"]) for p, _ in pairs)
+    same_tokens = sum(a == b for p, n in pairs for a, b in zip(p["ids"], n["ids"]))
+    completion = sum(n["completion_tokens"] for _, n in pairs)
+    verify = sum(n["spec_verify_ct"] for _, n in pairs)
+
+    def tok_s(reqs):
+        return sum(r["completion_tokens"] for r in reqs) / sum(r["e2e_latency"] for r in reqs)
+
+    return {"kv": kv, "prompts_identical": sum(p["ids"] == n["ids"] for p, n in pairs), "prompts": len(pairs),
+            "tokens_identical": same_tokens, "tokens": tokens, "accept_length": completion / verify,
+            "plain_tok_s": tok_s(plain["requests"]), "nextn_tok_s": tok_s(nextn["requests"]),
+            "load1": [plain["load1_before"], plain["load1_after"], nextn["load1_before"], nextn["load1_after"]]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kv", nargs="+", default=["auto", "int8", "octave_k3v4", "octave_k3v3"])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    model = str(prepare())
+    mtp = Path(tempfile.mkdtemp(prefix="spec-kv-")) / "smollm2-mtp"
+    write_mtp_checkpoint(model, mtp, fixed_seed_mtp_weights(model, seed=0))
+    results = []
+    for kv in args.kv:
+        kv_args = ["--kv-cache-dtype", kv]
+        plain = run_server(model, [*BASE_ARGS, *WATCHDOG, *kv_args], f"bench-plain-{kv}")
+        nextn = run_server(model, [*BASE_ARGS, *WATCHDOG, *kv_args, *nextn_args(str(mtp))], f"bench-nextn-{kv}")
+        results.append({"summary": summarise(kv, plain, nextn), "plain": plain, "nextn": nextn})
+        s = results[-1]["summary"]
+        print(f"| {kv} | {s['prompts_identical']}/{s['prompts']} | {s['tokens_identical']}/{s['tokens']} "
+              f"| {s['accept_length']:.3f} | {s['plain_tok_s']:.2f} | {s['nextn_tok_s']:.2f} "
+              f"| {' / '.join(f'{x:.1f}' for x in s['load1'])} |", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
