@@ -2,7 +2,8 @@
 
     python benchmarks/spec_kv.py [--kv auto int8 octave_k3v4 octave_k3v3] [--out docs/benchmarks/speculative-kv.json]
 
-Per KV format: a plain server, then a NEXTN server (fixed-seed MTP layer, 3 steps, topk 1, 4 draft tokens), one
+Per KV format: a plain server, then a NEXTN server (fixed-seed MTP layer, or --draft DIR, a trained one; 3 steps,
+topk 1, 4 draft tokens), one
 at a time, each given the 4 prompts of tests/spec/test_spec_serving.py one by one (batch 1, greedy, 64 tokens,
 ignore_eos). Recorded per request: output ids, completion_tokens, spec_verify_ct and e2e_latency from the
 server's meta_info, and the 1-minute load average before and after. Printed per format: prompts with identical
@@ -65,10 +66,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kv", nargs="+", default=["auto", "int8", "octave_k3v4", "octave_k3v3"])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--draft", default=None, help="a trained MTP folder (train-draft's output); default: the "
+                    "fixed-seed untrained layer")
     args = ap.parse_args()
     model = str(prepare())
-    mtp = Path(tempfile.mkdtemp(prefix="spec-kv-")) / "smollm2-mtp"
-    write_mtp_checkpoint(model, mtp, fixed_seed_mtp_weights(model, seed=0))
+    if args.draft:
+        mtp = Path(args.draft)
+    else:
+        mtp = Path(tempfile.mkdtemp(prefix="spec-kv-")) / "smollm2-mtp"
+        write_mtp_checkpoint(model, mtp, fixed_seed_mtp_weights(model, seed=0))
     results = []
     for kv in args.kv:
         kv_args = ["--kv-cache-dtype", kv]
