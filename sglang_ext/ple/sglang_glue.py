@@ -16,19 +16,15 @@ declared in `sglang_ext/env.py` (`PLE_*`).
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import logging
 import os
-import sys
 import typing
-from collections import defaultdict
-from typing import Callable
 
 import torch
 from torch import nn
 
 from sglang_ext import compat, env
+from sglang_ext.import_patch import after_import
 from sglang_ext.ple.layout import PleTableError, TableLayout, TensorEntry, index_safetensors_dir
 from sglang_ext.ple.qwen4_table import qwen4_table_layout
 from sglang_ext.ple.store import PleStoreConfig, PleTableStore
@@ -46,8 +42,8 @@ def register() -> list[str]:
         return []
     _registered = True
     _add_backend_choice()
-    _after_import(compat.QWEN4_MODULE, _patch_qwen4)
-    _after_import(compat.GEMMA3N_MODULE, _patch_gemma3n)
+    after_import(compat.QWEN4_MODULE, _patch_qwen4)
+    after_import(compat.GEMMA3N_MODULE, _patch_gemma3n)
     compat.HookRegistry.register(compat.HOOK_UPDATE_INTERMEDIATE_SIZE, _pad_list_intermediate_size,
                                  compat.HookType.AROUND)
     for method in ("forward_extend", "forward_decode"):
@@ -117,44 +113,6 @@ def _flat_q(original, backend, q, *args, **kwargs):
     if q.dim() == 3:
         q = q.reshape(q.shape[0], -1)
     return original(backend, q, *args, **kwargs)
-
-
-# --- patch a module right after it is imported -------------------------------------------------------------------
-
-_pending: dict[str, list[Callable]] = defaultdict(list)
-
-
-class _PatchAfterExec(importlib.abc.Loader):
-    def __init__(self, loader: importlib.abc.Loader, name: str) -> None:
-        self._loader, self._name = loader, name
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._loader.exec_module(module)
-        for fn in _pending.pop(self._name, []):
-            fn(module)
-
-
-class _PatchOnImportFinder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in _pending:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _PatchAfterExec(spec.loader, fullname)
-        return spec
-
-
-def _after_import(module_name: str, fn: Callable) -> None:
-    if module_name in sys.modules:
-        fn(sys.modules[module_name])
-        return
-    _pending[module_name].append(fn)
-    if not any(isinstance(f, _PatchOnImportFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImportFinder())
 
 
 # --- Gemma 3n -------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from sglang_ext import compat, env
 from sglang_ext.platform import activate
 from sglang_ext.spec import adapters, eagle_ops, gpu_plan
 from sglang_ext.spec.draft_backends import add_torch_native
-from sglang_ext.spec.import_patch import after_import, provide_module
+from sglang_ext.import_patch import after_import, provide_module
 from sglang_ext.spec.verify_attention import target_verify_attention
 
 logger = logging.getLogger(__name__)

@@ -1,9 +1,12 @@
 """Patching SGLang modules at the moment they are imported (for names that HookRegistry cannot reach).
 
-HookRegistry resolves its targets when plugins load. Two kinds of speculative-decoding names are out of its
-reach on the CPU platform: module attributes that are None there (REPLACE would re-bind every `None` in
-every loaded module), and a module that cannot be imported at all without sgl_kernel's CUDA build. A meta-path
-finder handles both, only for the module names registered here.
+HookRegistry resolves its targets when plugins load. Some names are out of its reach, and a meta-path finder
+handles them, only for the module names registered here:
+- speculative decoding on the CPU platform (`spec/hooks.py`): module attributes that are None there (REPLACE
+  would re-bind every `None` in every loaded module), and a module that cannot be imported at all without
+  sgl_kernel's CUDA build (`provide_module`);
+- SSD-resident PLE (`ple/sglang_glue.py`): heavy model modules, patched only in the processes that import them
+  (`after_import`).
 """
 
 import importlib.abc
