@@ -125,6 +125,9 @@ TORCH_NATIVE_ATTN_BACKEND = "sglang.srt.layers.attention.torch_native_backend.To
 # Its extend attends all prefix + new rows of a request (the prefix rows' queries uninitialised) and keeps the new
 # ones; the CPU platform hooks (AROUND) this method to attend only the new rows (platform/prefix_attention.py).
 HOOK_TORCH_NATIVE_SDPA_EXTEND = f"{TORCH_NATIVE_ATTN_BACKEND}._run_sdpa_forward_extend"
+# Seeded sampling (`sampling_seed`) hashes (seed, position, token) with this; on a CPU device it needs sgl_kernel's
+# CPU build. The portable CPU platform replaces it with sglang_ext.platform.seeded_sampling.murmur_hash32.
+HOOK_MURMUR_HASH32 = "sglang.kernels.ops.sampling.murmur_hash.murmur_hash32"
 # Checkpoint name prefixes SGLang's loaders rewrite before matching parameters: (old, new).
 CKPT_NAME_RENAMES = (("model.language_model.", "model."),)
 
@@ -197,6 +200,10 @@ HOOK_TORCH_NATIVE_FORWARD_EXTEND = (
 HOOK_MHA_POOL_INIT_KV_COPY = "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._init_kv_copy_and_warmup"
 # EAGLE/NEXTN draft attention: the factory has no torch_native entry; sglang_ext.spec.draft_backends adds one.
 HOOK_DRAFT_BACKEND_FACTORY_CREATE = "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend"
+# Its Triton entries build SGLang's TritonMultiStepDraftBackend (per-step TritonAttnBackend in `attn_backends`, step
+# i's kv_indptr row passed as `kv_indptr_buf`) and a plain TritonAttnBackend for draft extend; over a compressed
+# pool sglang_ext.spec.draft_backends swaps in CompressedTritonAttnBackend for both.
+_LAZY["TritonMultiStepDraftBackend"] = "sglang.srt.layers.attention.triton_backend:TritonMultiStepDraftBackend"
 _LAZY["TorchNativeAttnBackend"] = "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend"
 _LAZY["KVWriteLoc"] = "sglang.srt.mem_cache.memory_pool:KVWriteLoc"
 # ------------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import torch
 from sglang_ext import compat, env
 from sglang_ext.platform import activate
 from sglang_ext.spec import adapters, eagle_ops, gpu_plan
-from sglang_ext.spec.draft_backends import add_torch_native
+from sglang_ext.spec.draft_backends import add_torch_native, compressed_triton_draft
 from sglang_ext.import_patch import after_import, provide_module
 from sglang_ext.spec.verify_attention import target_verify_attention
 
@@ -152,11 +152,15 @@ def register() -> list[str]:
     if platform is None:
         return []
     _registered = True
+    # Independent of the ops plan below: without it NEXTN over a compressed pool cannot draft on a GPU.
+    compat.HookRegistry.register(compat.HOOK_DRAFT_BACKEND_FACTORY_CREATE, compressed_triton_draft,
+                                 compat.HookType.AROUND)
     mode = os.environ.get(env.SPEC_GPU_OPS, "auto")
     flashinfer = importlib.util.find_spec(compat.FLASHINFER_MODULE) is not None
     chosen = gpu_plan.plan(platform, mode, flashinfer)
+    done = ["draft attention over compressed KV (triton)"]
     if install_gpu(chosen) is None:
-        return []
+        return done
     ops = ", ".join(f"{op} ({impl})" for op, impl in chosen.items() if op != gpu_plan.LIFT_HIP_GREEDY)
     logger.info("sglang-ext speculative ops on %s (%s=%s): %s", platform, env.SPEC_GPU_OPS, mode, ops)
-    return [f"speculative decoding ops on {platform}: {ops}"]
+    return [f"speculative decoding ops on {platform}: {ops}", *done]

@@ -48,7 +48,9 @@ class FakeRegistry:
         self.hooks = {}
 
     def register(self, target, fn, hook_type):
-        assert hook_type == compat.HookType.REPLACE
+        # Op replacements; the draft-backend factory is the one AROUND hook
+        want = compat.HookType.AROUND if target == compat.HOOK_DRAFT_BACKEND_FACTORY_CREATE else compat.HookType.REPLACE
+        assert hook_type == want
         assert target not in self.hooks
         self.hooks[target] = fn
 
@@ -177,8 +179,10 @@ def test_register_reads_the_env_switch(monkeypatch):
         monkeypatch.setattr(hooks, "after_import", patcher)
         monkeypatch.setenv(env.SPEC_GPU_OPS, mode)
         lines = hooks.register()
-        assert set(registry.hooks) == want_hooks
-        assert bool(lines) == (mode != "off")
+        # The compressed-KV draft backends are registered whatever the ops plan says.
+        assert set(registry.hooks) == want_hooks | {compat.HOOK_DRAFT_BACKEND_FACTORY_CREATE}
+        assert lines[-1] == "draft attention over compressed KV (triton)"
+        assert len(lines) == (1 if mode == "off" else 2)
         if mode == "auto":
             assert "tree_sampling (triton)" in lines[0] and platform in lines[0]
 
@@ -286,3 +290,55 @@ def test_installed_adapters_run_the_triton_kernels_as_sglang_calls_them():
     with pytest.raises(NotImplementedError, match="triton"):
         fns["build_tree_kernel_efficient_func"](plist, sel, seq, mask_out, pos, links[0], links[1], links[2], topk,
                                                 depth, nv, 2)
+
+
+class _FakeMultiStep:
+    def __init__(self, runner, topk, num_steps):
+        self.runner, self.topk, self.num_steps = runner, topk, num_steps
+        self.kv_indptr = [f"indptr-row-{i}" for i in range(num_steps)]
+        self.attn_backends = ["sglang TritonAttnBackend"] * (num_steps - 1)
+
+
+class _FakeCompressedTriton:
+    def __init__(self, runner, skip_prefill, kv_indptr_buf=None):
+        self.runner, self.skip_prefill, self.kv_indptr_buf = runner, skip_prefill, kv_indptr_buf
+
+
+def test_compressed_triton_draft_wiring(monkeypatch):
+    """Over a compressed draft pool the factory's `triton` entries build our backends (decode: SGLang's multi-step
+    container with our per-step backends, each on its step's kv_indptr row; extend: ours), other entries refuse
+    by name, and a dense pool goes to SGLang untouched."""
+    import types
+
+    import torch
+
+    from sglang_ext.kvcache import triton_backend
+    from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
+    from sglang_ext.spec import draft_backends
+
+    monkeypatch.setattr(compat, "TritonMultiStepDraftBackend", _FakeMultiStep, raising=False)
+    monkeypatch.setattr(triton_backend, "CompressedTritonAttnBackend", _FakeCompressedTriton)
+    pool = CompressedMHATokenToKVPool.__new__(CompressedMHATokenToKVPool)
+    pool.kv_format = types.SimpleNamespace(name="octave_k3v4")
+    runner = types.SimpleNamespace(token_to_kv_pool=pool)
+    factory = types.SimpleNamespace(draft_model_runner=runner, topk=2, speculative_num_steps=3)
+    sglang_map = {"triton": lambda: ("triton", "sglang dense"), "flashinfer": lambda: ("flashinfer", "sglang fi")}
+
+    def original(factory, backend_name, backend_map, error_template, stamps_children=False):
+        return backend_map[chosen]()[1]  # SGLang calls the entry of the configured backend
+
+    chosen = "triton"
+    multi = draft_backends.compressed_triton_draft(original, factory, "decode_attention_backend", sglang_map, "")
+    assert isinstance(multi, _FakeMultiStep) and (multi.topk, multi.num_steps) == (2, 3)
+    assert [type(b) for b in multi.attn_backends] == [_FakeCompressedTriton] * 2
+    assert [b.kv_indptr_buf for b in multi.attn_backends] == ["indptr-row-0", "indptr-row-1"]
+    assert all(b.skip_prefill for b in multi.attn_backends)
+    extend = draft_backends.compressed_triton_draft(original, factory, "draft_extend_attention_backend", sglang_map, "")
+    assert isinstance(extend, _FakeCompressedTriton) and not extend.skip_prefill
+    chosen = "flashinfer"
+    with pytest.raises(ValueError, match="octave_k3v4: draft attention backend 'flashinfer' cannot read"):
+        draft_backends.compressed_triton_draft(original, factory, "decode_attention_backend", sglang_map, "")
+    dense = types.SimpleNamespace(draft_model_runner=types.SimpleNamespace(token_to_kv_pool=torch.zeros(1)))
+    chosen = "triton"
+    assert draft_backends.compressed_triton_draft(original, dense, "decode_attention_backend", sglang_map, "") \
+        == "sglang dense"

@@ -321,3 +321,33 @@ def test_eagle_chain_tree_and_commit_outputs():
     p, index = eagle_ops.draft_topk1_postprocess(logits, positions, draft_tokens, 1)
     assert index.view(-1).tolist() == [1, 2] and positions.tolist() == [6, 10] and draft_tokens[:, 1].tolist() == [1, 2]
     assert p.view(-1).tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("topk", [1, 2, 4])
+def test_draft_step_slots_follow_the_worker_layout(topk):
+    """Each draft step's per-row keys: the committed prefix, then the row's branch slots up to this step, the
+    last being the slot the worker writes this step (SGLang's per_step_draft_out_cache_loc layout:
+    [bs, topk, num_steps] permuted to step-major)."""
+    from sglang_ext.spec.draft_backends import check_step_slots, draft_step_slots
+
+    g = torch.Generator().manual_seed(topk)
+    num_steps, seq_lens, reqs = 3, [5, 1, 9], [2, 0, 3]
+    req_to_token = torch.randperm(4 * 40, generator=g).view(4, 40).to(torch.int32)
+    out = torch.empty(len(reqs) * topk * num_steps, dtype=torch.int64)
+    cache_loc_ops.assign_draft_cache_locs_contiguous(
+        torch.tensor(reqs), req_to_token, torch.tensor(seq_lens), out, topk, num_steps)
+    per_step = out.view(len(reqs), topk, num_steps).permute(2, 0, 1).reshape(num_steps, -1)
+    for step in range(num_steps - 1):
+        table, lengths = draft_step_slots(req_to_token, reqs, seq_lens, topk, num_steps, step)
+        assert lengths == [s + step + 1 for s in seq_lens for _ in range(topk)]
+        for b, (req, s) in enumerate(zip(reqs, seq_lens)):
+            for k in range(topk):
+                row = table[b * topk + k, :lengths[b * topk + k]]
+                assert row[:s].tolist() == req_to_token[req, :s].tolist()
+                branch = req_to_token[req, s + k * num_steps:s + k * num_steps + step + 1]
+                assert row[s:].tolist() == branch.tolist()
+        check_step_slots(per_step[step], table, lengths)
+        if topk > 1:  # branch-major instead of the worker's order: rows would read other branches' slots
+            wrong = out.view(len(reqs), topk, num_steps)[:, :, step].t().reshape(-1)
+            with pytest.raises(RuntimeError, match="branch slot layout"):
+                check_step_slots(wrong, table, lengths)

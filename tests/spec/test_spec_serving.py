@@ -147,12 +147,12 @@ def test_ngram_greedy_identical_and_sampling_matches(server_pool, reference):
     assert_sampling_matches(server, reference)
 
 
-def nextn_args(mtp_model_dir) -> tuple[str, ...]:
+def nextn_args(mtp_model_dir, topk: int = 1, draft_tokens: int = NEXTN_STEPS + 1) -> tuple[str, ...]:
     # The pool's servers all get the built-in model's --model-path first; argparse keeps the last one given.
     return ("--model-path", mtp_model_dir, "--speculative-algorithm", "NEXTN",
             "--speculative-draft-model-path", mtp_model_dir,
-            "--speculative-num-steps", str(NEXTN_STEPS), "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", str(NEXTN_STEPS + 1))
+            "--speculative-num-steps", str(NEXTN_STEPS), "--speculative-eagle-topk", str(topk),
+            "--speculative-num-draft-tokens", str(draft_tokens))
 
 
 def test_nextn_greedy_identical_and_sampling_matches(server_pool, reference, mtp_model_dir):
@@ -177,3 +177,11 @@ def test_nextn_over_compressed_kv_greedy_prefix_identical(server_pool, mtp_model
             f"{kv} {prompt!r}: speculative output parts from plain at token {first_diff}: "
             f"{got['text']!r} != {want['text']!r}")
     assert accepted_drafts(outs) > 0, f"no MTP draft was ever accepted over {kv} KV"
+
+
+def test_nextn_topk2_tree_greedy_identical(server_pool, reference, mtp_model_dir):
+    # Draft trees (topk 2, 6 draft tokens): each draft step runs bs x 2 branch rows, each over its own slots
+    # (draft_backends.draft_step_slots), and verify applies the tree mask.
+    server = server_pool.get(*BASE_ARGS, *nextn_args(mtp_model_dir, topk=2, draft_tokens=6), name="spec-nextn-topk2")
+    outs = assert_greedy_identical(server, reference)
+    assert accepted_drafts(outs) > 0, "no tree draft was ever accepted"
