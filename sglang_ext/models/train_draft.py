@@ -5,7 +5,7 @@ Time-budgeted phases: a training corpus of greedy and sampled continuations gene
 (until `train_end_share`), then the checkpoint and the acceptance measured on it. The MTP layer starts from
 `fixed_seed_mtp_weights` (the base model's last layer); embeddings and lm_head are the base model's, frozen, as
 NEXTN shares them with the target. Training first fits draft step 1 alone (`single_step_share` of the training
-time: a third of the cost per update, and the measured runs were short of updates, not of text), then unrolls
+time: a third of the cost per update, and the measured short runs were short of updates), then unrolls
 the draft chain (`draft_loss`: steps 2.. get the layer's own output as their hidden input, as at serving time);
 it learns the target's distribution and keeps the state with the best chain match on a validation split of the
 corpus (early stopping against memorising a small corpus).
