@@ -17,7 +17,7 @@ def test_tiny_training_run_lowers_the_loss_and_writes_a_measured_checkpoint(mode
     torch.set_num_threads(2)
     config = DraftTrainConfig(minutes=30, heldout_prompts=2, new_tokens=16,
                               corpus_batch_prompts=6, max_corpus_batches=1, max_train_steps=16, batch_sequences=4,
-                              lr=1e-3, warmup_steps=2, validation_share=0.2, validations=4)
+                              lr=1e-3, warmup_steps=2, validation_share=0.2, validations=4, single_step_share=0.5)
     lines = []
     result = train_draft(config, base_dir=model_dir, out_dir=tmp_path / "mtp", log=lines.append)
     assert result.corpus_sequences >= 4 and result.train_steps == 16
@@ -25,6 +25,10 @@ def test_tiny_training_run_lowers_the_loss_and_writes_a_measured_checkpoint(mode
     assert result.best_step in [v[0] for v in result.validation]
     assert result.loss_last < 0.8 * result.loss_first, f"loss {result.loss_first:.3f} -> {result.loss_last:.3f}"
     assert any("step 10: draft-1 loss" in line for line in lines) and any("accept length" in line for line in lines)
+    # the first half of the steps trains draft step 1 alone, the rest the unrolled chain of draft_steps
+    soft_ce = {int(line.split("step ")[1].split(":")[0]): line.split("soft CE [")[1].split("]")[0].count(",") + 1
+               for line in lines if "per-step soft CE" in line}
+    assert soft_ce[1] == 1 and soft_ce[10] == config.draft_steps, soft_ce
     trained, initial = load_mtp_weights(tmp_path / "mtp"), fixed_seed_mtp_weights(model_dir, config.seed)
     assert set(trained) == set(initial)
     assert not torch.equal(trained["input_proj.weight"], initial["input_proj.weight"].to(torch.bfloat16).float())

@@ -1,0 +1,106 @@
+"""Compare train-draft training settings on one saved corpus (docs/speculative-decoding.md, method comparison).
+
+    python benchmarks/draft_variants.py corpus --seconds 720 --out /tmp/draft_corpus.pt
+    python benchmarks/draft_variants.py train --corpus /tmp/draft_corpus.pt --name J --seconds 600 --threads 1 \\
+        --set lr=2e-3 single_step_share=0.75 [--tokens N]
+
+`corpus` generates as train-draft does (the 16 held-out prompts with the first batch, then batches of 48 training
+prompts, greedy and T=0.8 alternating) until the time is up, saving after every batch. `train` runs `fit_layer`
+with DraftTrainConfig overrides for a fixed time, measures the held-out acceptance with the weights rounded to
+bf16 (as the checkpoint stores them), and prints one JSON line (the load average included).
+"""
+
+import argparse
+import ast
+import json
+import os
+import random
+import time
+
+import torch
+
+from sglang_ext.models.builtin import default_model_dir
+from sglang_ext.models.draft_acceptance import measure
+from sglang_ext.models.draft_corpus import HELDOUT_TOPICS, generate, prompts, train_prompts
+from sglang_ext.models.draft_loss import corpus_vocab
+from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_config
+from sglang_ext.models.mtp_layer import MtpLayer
+from sglang_ext.models.train_draft import DraftTrainConfig, fit_layer, load_base
+
+
+def make_corpus(args):
+    start = time.monotonic()
+    model, tokenizer = load_base(default_model_dir())
+    held_prompts, pool = prompts(HELDOUT_TOPICS, tokenizer, 16, 0), train_prompts(tokenizer, 0)
+    held, corpus, b = [], [], 0
+    while time.monotonic() - start < args.seconds and (b + 1) * 48 <= len(pool):
+        chunk, temperature = pool[b * 48:(b + 1) * 48], (0.8 if b % 2 else 0.0)
+        if b == 0:
+            chunk = held_prompts + chunk
+        t = time.monotonic()
+        generated = generate(model, tokenizer, chunk, 128, temperature, seed=b)
+        if b == 0:
+            held, generated = [s for s in generated[:16] if s is not None], generated[16:]
+        new = [s for s in generated if s is not None]
+        corpus += [(b, temperature, s) for s in new]
+        made = sum(len(s.tokens) - s.prompt_len for s in new)
+        print(f"batch {b} T={temperature}: {made} generated tokens in {time.monotonic() - t:.0f} s; corpus "
+              f"{sum(len(s.tokens) for _, _, s in corpus)} tokens at {time.monotonic() - start:.0f} s", flush=True)
+        torch.save({"held": held, "corpus": corpus}, args.out)
+        b += 1
+
+
+def train(args):
+    torch.set_num_threads(args.threads)
+    config = DraftTrainConfig(**{k: ast.literal_eval(v) for k, v in (s.split("=", 1) for s in args.set)})
+    base = default_model_dir()
+    saved = torch.load(args.corpus, weights_only=False)
+    held, corpus = saved["held"], [s for _, _, s in saved["corpus"]]
+    if args.tokens:
+        kept, n = [], 0
+        for s in corpus:
+            if n >= args.tokens:
+                break
+            kept.append(s)
+            n += len(s.tokens)
+        corpus = kept
+    model, _ = load_base(base)
+    embed, lm_head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
+    del model
+    rng = random.Random(config.seed)  # the same split rule as train_draft
+    shuffled = rng.sample(corpus, len(corpus))
+    n_val = min(round(len(corpus) * config.validation_share), 32)
+    validation, training = shuffled[:n_val], shuffled[n_val:]
+    mtp = MtpLayer(load_config(base))
+    mtp.load_state_dict(fixed_seed_mtp_weights(base, config.seed))
+    start = time.monotonic()
+    fit = fit_layer(mtp, embed, lm_head, training, validation, corpus_vocab(corpus + held), config,
+                    deadline=start + args.seconds, rng=rng, log=lambda *_: None)
+    seconds = time.monotonic() - start
+    acc = measure(mtp.to(torch.bfloat16).float().eval(), embed, lm_head, held, config.draft_steps)
+    print(json.dumps({"name": args.name, "set": args.set, "corpus_tokens": sum(len(s.tokens) for s in corpus),
+                      "train_sequences": len(training), "steps": fit.steps, "train_s": round(seconds),
+                      "best_step": fit.best_step, "accept": round(acc.mean_accept_length, 4),
+                      "match": [round(m, 4) for m in acc.per_step_match], "positions": acc.positions,
+                      "validation": fit.validation, "load": os.getloadavg()}), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("corpus")
+    c.add_argument("--seconds", type=float, default=720)
+    c.add_argument("--out", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--corpus", required=True)
+    t.add_argument("--name", required=True)
+    t.add_argument("--seconds", type=float, default=600)
+    t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--tokens", type=int, default=0, help="only the first corpus sequences, up to this many tokens")
+    t.add_argument("--set", nargs="*", default=[], help="DraftTrainConfig overrides, key=python-literal")
+    args = parser.parse_args()
+    make_corpus(args) if args.command == "corpus" else train(args)
+
+
+if __name__ == "__main__":
+    main()
