@@ -72,6 +72,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--variants", default="", help="extra launches of the current store, e.g. '16x1,8x1': "
+                    "block_n x num_warps")
     ap.add_argument("--before", type=Path, help="folder holding an older store.py to time beside the current one")
     args = ap.parse_args()
     out = Path(args.out)
@@ -85,6 +87,9 @@ def main():
     del src, dst
     print(f"copy {copy_tbps:.3f} TB/s", flush=True)
     impls = {"now": kernels.store_kv}
+    for v in filter(None, args.variants.split(",")):
+        bn, nw = (int(x) for x in v.split("x"))
+        impls[f"bn{bn}w{nw}"] = lambda *a, bn=bn, nw=nw: kernels.store_kv(*a, block_n=bn, num_warps=nw)
     if args.before:
         impls["before"] = load_before(args.before).store_kv
     rows = []
@@ -99,7 +104,7 @@ def main():
                        **r, "floor_us": floor_us, "TBps": r["bytes_moved"] / (r["us"] * 1e-6) / 1e12}
                 rows.append(row)
                 bad = sum(r["mismatched_bytes"].values())
-                print(f"store {label:<6} d{d:<3} {name:<12} {r['us']:9.1f} us  floor {floor_us:5.1f} us  "
+                print(f"store {label:<7} d{d:<3} {name:<12} {r['us']:9.1f} us  floor {floor_us:5.1f} us  "
                       f"{row['TBps']:.3f} TB/s  mismatched bytes {bad}", flush=True)
     (out / "store.json").write_text(json.dumps({"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "triton": triton.__version__,
                                                 "torch": torch.__version__, "copy_TBps": copy_tbps, "rows": rows},

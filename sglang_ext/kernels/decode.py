@@ -162,12 +162,16 @@ def level_decode(x: torch.Tensor, dot_bf16: bool, requested: int | None) -> int:
 
 
 I8_FLOAT32, I8_F16_BOTH, I8_F16_V = 0, 1, 2  # int8 conversion modes (tiles.kv_block's I8_F16)
+# the fp16 mode by head_dim, measured on an H200 at batch 8 x 32k (docs/benchmarks/kernels.md, round 5): d256
+# 229 -> 201 us with K's conversion after the shared-memory trip; d128 241 -> 258 us, so it keeps both before
+DEFAULT_I8_F16 = {128: I8_F16_BOTH, 256: I8_F16_V}
 
 
 def int8_f16_dots(kind: int, x: torch.Tensor, dot_bf16: bool, requested: int | None) -> int:
     """int8 decode with fp16 dot operands (codes converted exactly by int8_ptx): on an NVIDIA GPU when the dots
-    take 16-bit operands (not under the interpreter, not on AMD) I8_F16_BOTH, else I8_FLOAT32; `requested`
-    overrides (I8_F16_V: only V converted before the shared-memory trip, K's conversion placed by Triton)."""
+    take 16-bit operands (not under the interpreter, not on AMD) DEFAULT_I8_F16's mode for the head_dim
+    (x.shape[-1]), else I8_FLOAT32; `requested` overrides (I8_F16_BOTH: K and V converted before the
+    shared-memory trip; I8_F16_V: only V, K's conversion placed by Triton, after it)."""
     if kind != tables.FMT_INT8:
         return I8_FLOAT32
     if requested is not None:
@@ -175,7 +179,9 @@ def int8_f16_dots(kind: int, x: torch.Tensor, dot_bf16: bool, requested: int | N
         assert requested in (I8_FLOAT32, I8_F16_BOTH, I8_F16_V), requested
         assert requested == I8_FLOAT32 or dot_bf16, "the int8 fp16 path needs 16-bit dot operands"
         return requested
-    return I8_F16_BOTH if dot_bf16 and x.is_cuda and torch.version.hip is None else I8_FLOAT32
+    if dot_bf16 and x.is_cuda and torch.version.hip is None:
+        return DEFAULT_I8_F16.get(x.shape[-1], I8_F16_BOTH)
+    return I8_FLOAT32
 
 
 def resident_programs(kernel, device: torch.device) -> int:

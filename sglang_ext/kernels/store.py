@@ -173,7 +173,7 @@ def _store_kernel(x_ptr, loc_ptr, codes_ptr, scales_ptr, sign_ptr, thr_ptr, leve
 
 
 def _store_one(fmt: KVFormat, x: torch.Tensor, loc: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None,
-               tensor: int, bits: tuple[int, ...], block_n: int) -> None:
+               tensor: int, bits: tuple[int, ...], block_n: int, num_warps: int) -> None:
     kind = tables.format_kind(fmt)
     dev = x.device
     n, h, d = x.shape
@@ -187,13 +187,13 @@ def _store_one(fmt: KVFormat, x: torch.Tensor, loc: torch.Tensor, codes: torch.T
         tables.threshold_table(dev), tables.level_table(dev), n,
         x.stride(0), x.stride(1), codes.stride(0), codes.stride(1),
         scales_t.stride(0) if scales is not None else 0, scales_t.stride(1) if scales is not None else 0,
-        FMT=kind, D=d, N4=n4, NB=nb, BLOCK_N=block_n, **STORE_COMPILE_OPTIONS)
+        FMT=kind, D=d, N4=n4, NB=nb, BLOCK_N=block_n, num_warps=num_warps, **STORE_COMPILE_OPTIONS)
 
 
 def store_kv(fmt: KVFormat, planes: dict[str, torch.Tensor], loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             block_n: int = 16) -> None:
+             block_n: int = 16, num_warps: int = 4) -> None:
     """Quantize k, v [N, H_kv, D] and write them into planes[...][loc]. loc: int32/int64 [N] slot ids.
-    Mutates planes in place; every byte of the N slots' rows is written."""
+    Mutates planes in place; every byte of the N slots' rows is written. block_n tokens per program."""
     check_planes(fmt, planes)
     num_kv_heads = next(iter(planes.values())).shape[1]
     for name, t in (("k", k), ("v", v)):
@@ -207,10 +207,10 @@ def store_kv(fmt: KVFormat, planes: dict[str, torch.Tensor], loc: torch.Tensor, 
         return
     kind = tables.format_kind(fmt)
     if kind == tables.FMT_BF16:
-        _store_one(fmt, k, loc, planes["k"], None, rotation.K_TENSOR, (), block_n)
-        _store_one(fmt, v, loc, planes["v"], None, rotation.V_TENSOR, (), block_n)
+        _store_one(fmt, k, loc, planes["k"], None, rotation.K_TENSOR, (), block_n, num_warps)
+        _store_one(fmt, v, loc, planes["v"], None, rotation.V_TENSOR, (), block_n, num_warps)
         return
     k_bits = getattr(fmt, "k_bits", ())
     v_bits = getattr(fmt, "v_bits", ())
-    _store_one(fmt, k, loc, planes["k_codes"], planes["k_scales"], rotation.K_TENSOR, k_bits, block_n)
-    _store_one(fmt, v, loc, planes["v_codes"], planes["v_scales"], rotation.V_TENSOR, v_bits, block_n)
+    _store_one(fmt, k, loc, planes["k_codes"], planes["k_scales"], rotation.K_TENSOR, k_bits, block_n, num_warps)
+    _store_one(fmt, v, loc, planes["v_codes"], planes["v_scales"], rotation.V_TENSOR, v_bits, block_n, num_warps)
