@@ -20,6 +20,10 @@ from .checks import check_planes
 
 # no FMA contraction: the reference rounds every product and every sum (see the module docstring)
 STORE_COMPILE_OPTIONS = {"enable_fp_fusion": False}
+# (tokens per program, warps) by format kind. Octave: one warp of 8 tokens, measured on an H200 (4096 tokens,
+# docs/benchmarks/kernels.md, round 5): with 4 warps the rotation's reductions cross warps through shared memory
+# and barriers (d128: 406 us at 16 x 4, 118 us at 16 x 1, 65 us at 8 x 1)
+DEFAULT_LAUNCH = {tables.FMT_BF16: (16, 4), tables.FMT_INT8: (16, 4), tables.FMT_OCTAVE: (8, 1)}
 
 
 @triton.jit
@@ -191,9 +195,10 @@ def _store_one(fmt: KVFormat, x: torch.Tensor, loc: torch.Tensor, codes: torch.T
 
 
 def store_kv(fmt: KVFormat, planes: dict[str, torch.Tensor], loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             block_n: int = 16, num_warps: int = 4) -> None:
+             block_n: int | None = None, num_warps: int | None = None) -> None:
     """Quantize k, v [N, H_kv, D] and write them into planes[...][loc]. loc: int32/int64 [N] slot ids.
-    Mutates planes in place; every byte of the N slots' rows is written. block_n tokens per program."""
+    Mutates planes in place; every byte of the N slots' rows is written. block_n tokens per program and
+    num_warps: None = DEFAULT_LAUNCH's for the format kind."""
     check_planes(fmt, planes)
     num_kv_heads = next(iter(planes.values())).shape[1]
     for name, t in (("k", k), ("v", v)):
@@ -206,6 +211,8 @@ def store_kv(fmt: KVFormat, planes: dict[str, torch.Tensor], loc: torch.Tensor, 
     if k.shape[0] == 0:
         return
     kind = tables.format_kind(fmt)
+    block_n = block_n or DEFAULT_LAUNCH[kind][0]
+    num_warps = num_warps or DEFAULT_LAUNCH[kind][1]
     if kind == tables.FMT_BF16:
         _store_one(fmt, k, loc, planes["k"], None, rotation.K_TENSOR, (), block_n, num_warps)
         _store_one(fmt, v, loc, planes["v"], None, rotation.V_TENSOR, (), block_n, num_warps)
