@@ -106,9 +106,9 @@ def main():
                 bad = sum(r["mismatched_bytes"].values())
                 print(f"store {label:<7} d{d:<3} {name:<12} {r['us']:9.1f} us  floor {floor_us:5.1f} us  "
                       f"{row['TBps']:.3f} TB/s  mismatched bytes {bad}", flush=True)
-    (out / "store.json").write_text(json.dumps({"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "triton": triton.__version__,
-                                                "torch": torch.__version__, "copy_TBps": copy_tbps, "rows": rows},
-                                               indent=1))
+    meta = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "triton": triton.__version__,
+            "torch": torch.__version__, "copy_TBps": copy_tbps}
+    (out / "store.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

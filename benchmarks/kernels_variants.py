@@ -207,7 +207,8 @@ def main():
             {"key": repr(k), "programs_per_sm": v} for k, v in dec._RESIDENT.items()]})
         print(f"resident programs per SM d{d}: " + "; ".join(
             f"{dict(k[-1]).get('FMT')}/{dict(k[-1]).get('BLOCK_N')}/I8F16={dict(k[-1]).get('I8_F16')}/"
-            f"stages={dict(k[-1]).get('num_stages')}/maxnreg={dict(k[-1]).get('maxnreg')}: {v}" for k, v in dec._RESIDENT.items()), flush=True)
+            f"stages={dict(k[-1]).get('num_stages')}/maxnreg={dict(k[-1]).get('maxnreg')}: {v}"
+            for k, v in dec._RESIDENT.items()), flush=True)
         dec._RESIDENT.clear()
         del kb, vb
         torch.cuda.empty_cache()
