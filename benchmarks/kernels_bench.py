@@ -273,6 +273,8 @@ def main():
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     ap.add_argument("--no-sweep", action="store_true", help="skip the launcher sweep at batch 8 x 32k")
+    ap.add_argument("--formats", default=",".join(OUR_FORMATS), help="our formats (SGLang's bf16 always runs)")
+    ap.add_argument("--no-extend", action="store_true", help="skip the extend benchmark")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -300,7 +302,7 @@ def main():
     log(f"copy: {res['copy']['TBps']:.3f} TB/s (read+written over time)")
 
     kernels = None
-    fmt_names = () if args.baseline_only else OUR_FORMATS
+    fmt_names = () if args.baseline_only else tuple(filter(None, args.formats.split(",")))
     if fmt_names:
         from sglang_ext import kernels  # noqa: F811
         from sglang_ext.kvformats import get_format
@@ -336,7 +338,8 @@ def main():
         if gpu and not args.no_sweep:
             res["sweep"] += bench_sweep(cfg, [f for f in fmts if f.name != "bf16"], kernels, planes, timer, dtype,
                                         device, log)
-        res["extend"] += bench_extend(cfg, fmts, kernels, kb, vb, planes, timer, dtype, device, prefix, new, log)
+        if not args.no_extend:
+            res["extend"] += bench_extend(cfg, fmts, kernels, kb, vb, planes, timer, dtype, device, prefix, new, log)
         del kb, vb, planes
         if gpu:
             torch.cuda.empty_cache()

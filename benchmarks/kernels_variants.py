@@ -41,8 +41,12 @@ DECODE_VARIANTS = {
     "bf16": [dict(block_n=64, fill_waves=False), dict(block_n=64)],
     # int8_f16: codes to fp16 dot operands in PTX before the shared-memory trip (kernels/int8_ptx.py); False:
     # Triton's own int8 -> bf16 conversion after it (the kernel of run 3)
-    "int8": [dict(block_n=128, int8_f16=False, fill_waves=False), dict(block_n=128, int8_f16=False),
-             dict(block_n=128, fill_waves=False), dict(block_n=128), dict(block_n=128, num_stages=4)],
+    # round 5: int8_f16 2 = only V converted before the shared-memory trip (K after it, in the operand layout);
+    # maxnreg / num_stages 1 / block_n 64: fewer registers and less shared memory, more programs per SM
+    "int8": [dict(block_n=128), dict(block_n=128, int8_f16=2), dict(block_n=128, num_stages=1, maxnreg=128),
+             dict(block_n=128, int8_f16=2, num_stages=1, maxnreg=128), dict(block_n=128, num_stages=1, maxnreg=96),
+             dict(block_n=64, maxnreg=128), dict(block_n=64, int8_f16=2, maxnreg=128),
+             dict(block_n=128, int8_f16=2, num_stages=1)],
     "octave": [dict(block_n=128, fill_waves=False), dict(block_n=128)],
 }
 EXTEND_VARIANTS = {
@@ -119,6 +123,7 @@ def main():
     ap.add_argument("--head-dims", default="128,256")
     ap.add_argument("--skip-extend", action="store_true")
     ap.add_argument("--skip-store", action="store_true")
+    ap.add_argument("--formats", default="bf16,int8,octave_k3v4,octave_k3v3", help="our formats to time")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -136,8 +141,7 @@ def main():
     for d in (int(x) for x in args.head_dims.split(",")):
         hq, hkv, rot = HEAD_CONFIGS[d]
         cfg = (hq, hkv, d)
-        fmts = {name: get_format(name, head_dim=d, rotary_dim=rot) for name in
-                ("bf16", "int8", "octave_k3v4", "octave_k3v3")}
+        fmts = {name: get_format(name, head_dim=d, rotary_dim=rot) for name in args.formats.split(",")}
         for f in fmts.values():
             if f.name != "bf16" and not args.skip_store:
                 res["store"].append(store_exactness(f, hkv, device, gen))
@@ -203,7 +207,8 @@ def main():
             {"key": repr(k), "programs_per_sm": v} for k, v in dec._RESIDENT.items()]})
         print(f"resident programs per SM d{d}: " + "; ".join(
             f"{dict(k[-1]).get('FMT')}/{dict(k[-1]).get('BLOCK_N')}/I8F16={dict(k[-1]).get('I8_F16')}/"
-            f"stages={dict(k[-1]).get('num_stages')}: {v}" for k, v in dec._RESIDENT.items()), flush=True)
+            f"stages={dict(k[-1]).get('num_stages')}/maxnreg={dict(k[-1]).get('maxnreg')}: {v}"
+            for k, v in dec._RESIDENT.items()), flush=True)
         dec._RESIDENT.clear()
         del kb, vb
         torch.cuda.empty_cache()

@@ -161,15 +161,27 @@ def level_decode(x: torch.Tensor, dot_bf16: bool, requested: int | None) -> int:
     return LUT_PTX if dot_bf16 and x.is_cuda and torch.version.hip is None else LUT_SELECT
 
 
-def int8_f16_dots(kind: int, x: torch.Tensor, dot_bf16: bool, requested: bool | None) -> bool:
+I8_FLOAT32, I8_F16_BOTH, I8_F16_V = 0, 1, 2  # int8 conversion modes (tiles.kv_block's I8_F16)
+# the fp16 mode by head_dim, measured on an H200 at batch 8 x 32k (docs/benchmarks/kernels.md, round 5): d256
+# 229 -> 201 us with K's conversion after the shared-memory trip; d128 241 -> 258 us, so it keeps both before
+DEFAULT_I8_F16 = {128: I8_F16_BOTH, 256: I8_F16_V}
+
+
+def int8_f16_dots(kind: int, x: torch.Tensor, dot_bf16: bool, requested: int | None) -> int:
     """int8 decode with fp16 dot operands (codes converted exactly by int8_ptx): on an NVIDIA GPU when the dots
-    take 16-bit operands (not under the interpreter, not on AMD); `requested` overrides."""
+    take 16-bit operands (not under the interpreter, not on AMD) DEFAULT_I8_F16's mode for the head_dim
+    (x.shape[-1]), else I8_FLOAT32; `requested` overrides (I8_F16_BOTH: K and V converted before the
+    shared-memory trip; I8_F16_V: only V, K's conversion placed by Triton, after it)."""
     if kind != tables.FMT_INT8:
-        return False
+        return I8_FLOAT32
     if requested is not None:
-        assert not requested or dot_bf16, "the int8 fp16 path needs 16-bit dot operands"
+        requested = int(requested)
+        assert requested in (I8_FLOAT32, I8_F16_BOTH, I8_F16_V), requested
+        assert requested == I8_FLOAT32 or dot_bf16, "the int8 fp16 path needs 16-bit dot operands"
         return requested
-    return dot_bf16 and x.is_cuda and torch.version.hip is None
+    if dot_bf16 and x.is_cuda and torch.version.hip is None:
+        return DEFAULT_I8_F16.get(x.shape[-1], I8_F16_BOTH)
+    return I8_FLOAT32
 
 
 def resident_programs(kernel, device: torch.device) -> int:
@@ -212,17 +224,18 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
                      num_kv_splits: torch.Tensor | None = None, max_kv_splits: int = DEFAULT_MAX_KV_SPLITS,
                      page_size: int = 1, logit_cap: float = 0.0, block_n: int | None = None,
                      dot_bf16: bool | None = None, num_warps: int = 4, num_stages: int | None = None,
-                     lut: int | None = None, int8_f16: bool | None = None, fill_waves: bool = True
-                     ) -> torch.Tensor:
+                     lut: int | None = None, int8_f16: int | None = None, fill_waves: bool = True,
+                     maxnreg: int | None = None) -> torch.Tensor:
     """q [B, Hq, D] (float), o [B, Hq, D] (written, every element); kv_indptr [>= B+1], kv_indices int32/int64.
     num_kv_splits: int32 [B] splits per request (each <= max_kv_splits); None = the same count for all: on a
     GPU with fill_waves, the count <= max_kv_splits that wave_splits' model of waves x loop iterations
     prefers for the mean length kv_indices.shape[0] / B, else max_kv_splits.
     dot_bf16: feed the tensor-core dots bf16 operands (q, tile values, probabilities; scales stay float32);
     None = on a GPU, not under the CPU interpreter (where float32 keeps tests exact). block_n: tokens per loop
-    iteration (None: default_block_n); num_stages: Triton's pipelining depth (None: its default);
+    iteration (None: default_block_n); num_stages: Triton's pipelining depth (None: its default); maxnreg:
+    registers per thread at most (None: ptxas's choice);
     lut: octave level decode (LUT_SELECT / LUT_PTX; None: level_decode's choice). int8_f16: int8 codes to fp16
-    dot operands in PTX (None: int8_f16_dots' choice). Returns o."""
+    dot operands in PTX (I8_F16_BOTH / I8_F16_V / I8_FLOAT32; None: int8_f16_dots' choice). Returns o."""
     check_planes(fmt, planes)
     batch, hq, d = q.shape
     h_kv = next(iter(planes.values())).shape[1]
@@ -241,7 +254,11 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     if block_n is None:
         block_n = default_block_n(kind, d)
     bf16_dots = use_bf16_dots(q, dot_bf16)
-    launch_opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+    launch_opts = {"num_warps": num_warps}
+    if num_stages is not None:
+        launch_opts["num_stages"] = num_stages
+    if maxnreg is not None:  # a register cap per thread (ptxas spills past it): more programs per SM
+        launch_opts["maxnreg"] = maxnreg
     group = hq // h_kv
     block_h = max(16, triton.next_power_of_2(group))
     q_in = q

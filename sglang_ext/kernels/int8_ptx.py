@@ -24,6 +24,13 @@ PTX_I8_F16: tl.constexpr = tl.constexpr("""{
 
 
 @triton.jit
-def int8_to_f16_ptx(codes):
-    """int8 tensor -> fp16 tensor of the same shape, exact."""
-    return tl.inline_asm_elementwise(PTX_I8_F16, "=r,=r,r", [codes], dtype=tl.float16, is_pure=False, pack=4)
+def int8_to_f16_ptx(codes, PURE: tl.constexpr = False):
+    """int8 tensor -> fp16 tensor of the same shape, exact. Impure (the default), Triton keeps the conversion where
+    it is written, on the loaded vectors, before the tile's trip through shared memory into the dot-operand
+    layout; pure, Triton may move it after that trip (the int8 tile goes through shared memory, half the bytes,
+    and the conversion runs in the operand layout: cheap for K, whose operand pairs are contiguous codes)."""
+    if PURE:
+        x = tl.inline_asm_elementwise(PTX_I8_F16, "=r,=r,r", [codes], dtype=tl.float16, is_pure=True, pack=4)
+    else:
+        x = tl.inline_asm_elementwise(PTX_I8_F16, "=r,=r,r", [codes], dtype=tl.float16, is_pure=False, pack=4)
+    return x

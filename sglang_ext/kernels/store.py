@@ -20,32 +20,66 @@ from .checks import check_planes
 
 # no FMA contraction: the reference rounds every product and every sum (see the module docstring)
 STORE_COMPILE_OPTIONS = {"enable_fp_fusion": False}
+# (tokens per program, warps) by format kind. Octave: one warp of 8 tokens, measured on an H200 (4096 tokens,
+# docs/benchmarks/kernels.md, round 5): with 4 warps the rotation's reductions cross warps through shared memory
+# and barriers (d128: 406 us at 16 x 4, 118 us at 16 x 1, 65 us at 8 x 1)
+DEFAULT_LAUNCH = {tables.FMT_BF16: (16, 4), tables.FMT_INT8: (16, 4), tables.FMT_OCTAVE: (8, 1)}
 
 
 @triton.jit
-def _fwht64(u, BLOCK_N: tl.constexpr):
-    # six perfect-shuffle stages: out[k] = u[2k] + u[2k+1], out[k + 32] = u[2k] - u[2k+1]
-    for _ in tl.static_range(6):
-        a, b = tl.split(tl.reshape(u, [BLOCK_N, 32, 2]))
-        u = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [BLOCK_N, 64])
+def _bits7(W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr, W4: tl.constexpr,
+           W5: tl.constexpr):
+    """int32 [1, 2, 2, 2, 2, 2, 2]: sum of bit_k * W_k, where axis k + 1 holds bit 5 - k of a dim's index."""
+    i = tl.arange(0, 2)
+    return (i[None, :, None, None, None, None, None] * W0 + i[None, None, :, None, None, None, None] * W1
+            + i[None, None, None, :, None, None, None] * W2 + i[None, None, None, None, :, None, None] * W3
+            + i[None, None, None, None, None, :, None] * W4 + i[None, None, None, None, None, None, :] * W5)
+
+
+@triton.jit
+def _butterfly(u, AXIS: tl.constexpr, BIT: tl.constexpr):
+    """One in-place Walsh-Hadamard stage along a size-2 axis: the element whose index bit is 0 gets a + b, the
+    other a - b (a: bit 0, b: bit 1); both are sums of two terms, so every output is rounded once, exactly as
+    rotation.fwht64's perfect-shuffle stage that combines the same pair."""
+    sign = tl.where((_bits7(32, 16, 8, 4, 2, 1) & BIT) != 0, -1.0, 1.0)
+    total = tl.sum(u, axis=AXIS, keep_dims=True)
+    diff = tl.sum(u * sign, axis=AXIS, keep_dims=True)
+    return tl.where((_bits7(32, 16, 8, 4, 2, 1) & BIT) == 0, total, diff)
+
+
+@triton.jit
+def _fwht64(u):
+    """u [BLOCK_N, 2, 2, 2, 2, 2, 2] (axis k + 1 = bit 5 - k of the dim) -> H64 u, same layout and order.
+
+    The in-place form (stride 1, 2, 4, ..., 32) combines the same pairs in the same order as the format's
+    perfect-shuffle stages (bit 0 of the input index first), so each value is rounded identically; only where
+    intermediates sit differs, and both end in natural order. Every stage is a reduction over one size-2 axis of
+    one 7-d layout: no reshape or permute, which Triton 3.6 lowered to a layout replicated over the lanes
+    (32x the work, 7.5 KB of stack per thread: 12 ms per 4096 tokens at d128 on an H200)."""
+    u = _butterfly(u, 6, 1)
+    u = _butterfly(u, 5, 2)
+    u = _butterfly(u, 4, 4)
+    u = _butterfly(u, 3, 8)
+    u = _butterfly(u, 2, 16)
+    u = _butterfly(u, 1, 32)
     return u
 
 
 @triton.jit
-def _tree_sum64(x, BLOCK_N: tl.constexpr):
-    # s = s[:32] + s[32:], s = s[:16] + s[16:], ... (kvformats.octave.tree_sum64)
-    a, b = tl.split(tl.permute(tl.reshape(x, [BLOCK_N, 2, 32]), (0, 2, 1)))
-    x = a + b
-    a, b = tl.split(tl.permute(tl.reshape(x, [BLOCK_N, 2, 16]), (0, 2, 1)))
-    x = a + b
-    a, b = tl.split(tl.permute(tl.reshape(x, [BLOCK_N, 2, 8]), (0, 2, 1)))
-    x = a + b
-    a, b = tl.split(tl.permute(tl.reshape(x, [BLOCK_N, 2, 4]), (0, 2, 1)))
-    x = a + b
-    a, b = tl.split(tl.permute(tl.reshape(x, [BLOCK_N, 2, 2]), (0, 2, 1)))
-    x = a + b
-    a, b = tl.split(tl.reshape(x, [BLOCK_N, 2]))
-    return a + b
+def _tree_sum64(x):
+    """x [BLOCK_N, 2, 2, 2, 2, 2, 2] -> [BLOCK_N]: s = s[:32] + s[32:], s = s[:16] + s[16:], ...
+    (kvformats.octave.tree_sum64): bit 5 of the index first, each step a sum of two terms."""
+    x = tl.sum(x, axis=1)
+    x = tl.sum(x, axis=1)
+    x = tl.sum(x, axis=1)
+    x = tl.sum(x, axis=1)
+    x = tl.sum(x, axis=1)
+    return tl.sum(x, axis=1)
+
+
+@triton.jit
+def _bcast7(v):
+    return v[:, None, None, None, None, None, None]
 
 
 @triton.jit
@@ -59,15 +93,16 @@ def _round_to_bf16(x):
 
 @triton.jit
 def _store_octave_block(x, code_row, scale_row, mask_n, sign_ptr, thr_ptr, level_ptr, b: tl.constexpr,
-                        BITS: tl.constexpr, BLOCK_OFF: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Quantize one rotated 64-dim block per row and store its packed bytes and fp16 scale."""
-    offs = tl.arange(0, 64)
-    u = x * tl.load(sign_ptr + b * 64 + offs)[None, :]
-    y = _fwht64(u, BLOCK_N) * 0.125
-    norm2 = _tree_sum64(y * y, BLOCK_N)
+                        BITS: tl.constexpr, BLOCK_OFF: tl.constexpr):
+    """Quantize one rotated 64-dim block per row and store its packed bytes and fp16 scale.
+    x: float32 [BLOCK_N, 2, 2, 2, 2, 2, 2] (axis k + 1 = bit 5 - k of the dim inside the block)."""
+    dim = _bits7(32, 16, 8, 4, 2, 1)
+    u = x * tl.load(sign_ptr + b * 64 + dim)
+    y = _fwht64(u) * 0.125
+    norm2 = _tree_sum64(y * y)
     nonzero = norm2 > 0
     sigma = tl.where(nonzero, tl.sqrt_rn(norm2) * 0.125, 1.0)
-    t = tl.div_rn(y, tl.broadcast_to(sigma[:, None], (BLOCK_N, 64)))
+    t = tl.div_rn(y, tl.broadcast_to(_bcast7(sigma), y.shape))
     if BITS == 4:
         NT: tl.constexpr = 15
         THR_OFF: tl.constexpr = 0
@@ -76,25 +111,29 @@ def _store_octave_block(x, code_row, scale_row, mask_n, sign_ptr, thr_ptr, level
         NT: tl.constexpr = 7
         THR_OFF: tl.constexpr = 15
         LVL_OFF: tl.constexpr = 16
-    code = tl.zeros([BLOCK_N, 64], dtype=tl.int32)
+    code = tl.zeros(y.shape, dtype=tl.int32)
     for k in tl.static_range(NT):
         code += (t > tl.load(thr_ptr + THR_OFF + k)).to(tl.int32)
-    dot = _tree_sum64(y * tl.load(level_ptr + LVL_OFF + code), BLOCK_N)
+    dot = _tree_sum64(y * tl.load(level_ptr + LVL_OFF + code))
     scale = tl.where(nonzero, tl.div_rn(norm2, tl.where(nonzero, dot, 1.0)), 0.0)
     scale = tl.minimum(scale, 65504.0).to(tl.float16)
     tl.store(scale_row + b, scale, mask=mask_n)
-    m2 = mask_n[:, None]
-    if BITS == 4:
-        nib = tl.arange(0, 2) * 4
-        byte = tl.sum(tl.reshape(code, [BLOCK_N, 32, 2]) << nib[None, None, :], axis=2)
-        tl.store(code_row[:, None] + BLOCK_OFF + tl.arange(0, 32)[None, :], byte.to(tl.uint8), mask=m2)
-    else:
-        sh2 = tl.arange(0, 4) * 2
-        plane2 = tl.sum(tl.reshape(code & 3, [BLOCK_N, 16, 4]) << sh2[None, None, :], axis=2)
-        tl.store(code_row[:, None] + BLOCK_OFF + tl.arange(0, 16)[None, :], plane2.to(tl.uint8), mask=m2)
-        sh1 = tl.arange(0, 8)
-        plane1 = tl.sum(tl.reshape(code >> 2, [BLOCK_N, 8, 8]) << sh1[None, None, :], axis=2)
-        tl.store(code_row[:, None] + BLOCK_OFF + 16 + tl.arange(0, 8)[None, :], plane1.to(tl.uint8), mask=m2)
+    # packing (packing.py): the fields of a byte are disjoint bit ranges, so their sum is their OR; a byte's
+    # offset is reduced with max over the axes it does not depend on
+    if BITS == 4:  # byte i // 2, odd dims in the high nibble: reduce over bit 0
+        byte = tl.sum(code << _bits7(0, 0, 0, 0, 0, 4), axis=6)
+        off = tl.max(_bits7(16, 8, 4, 2, 1, 0), axis=6)
+        tl.store(code_row[:, None, None, None, None, None] + BLOCK_OFF + off, byte.to(tl.uint8),
+                 mask=mask_n[:, None, None, None, None, None])
+    else:  # a 2-bit plane (byte i // 4, bits 2 * (i % 4)), then a 1-bit plane (byte i // 8, bit i % 8)
+        plane2 = tl.sum(tl.sum((code & 3) << _bits7(0, 0, 0, 0, 4, 2), axis=6), axis=5)
+        off2 = tl.max(tl.max(_bits7(8, 4, 2, 1, 0, 0), axis=6), axis=5)
+        tl.store(code_row[:, None, None, None, None] + BLOCK_OFF + off2, plane2.to(tl.uint8),
+                 mask=mask_n[:, None, None, None, None])
+        plane1 = tl.sum(tl.sum(tl.sum((code >> 2) << _bits7(0, 0, 0, 4, 2, 1), axis=6), axis=5), axis=4)
+        off1 = tl.max(tl.max(tl.max(_bits7(4, 2, 1, 0, 0, 0), axis=6), axis=5), axis=4)
+        tl.store(code_row[:, None, None, None] + BLOCK_OFF + 16 + off1, plane1.to(tl.uint8),
+                 mask=mask_n[:, None, None, None])
 
 
 @triton.jit
@@ -125,19 +164,20 @@ def _store_kernel(x_ptr, loc_ptr, codes_ptr, scales_ptr, sign_ptr, thr_ptr, leve
         tl.store(code_row[:, None] + offs_d[None, :], r.to(tl.int8), mask=m2)
         tl.store(scale_row, scale, mask=mask_n)
     else:
-        offs = tl.arange(0, 64)
+        dim = _bits7(32, 16, 8, 4, 2, 1)
+        x_row7 = _bcast7(x_row)
+        m7 = _bcast7(mask_n)
         for b in tl.static_range(NB):
-            x = tl.load(x_ptr + x_row[:, None] + b * 64 + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_row7 + b * 64 + dim, mask=m7, other=0.0).to(tl.float32)
             if b < N4:
-                _store_octave_block(x, code_row, scale_row, mask_n, sign_ptr, thr_ptr, level_ptr, b, 4, b * 32,
-                                    BLOCK_N)
+                _store_octave_block(x, code_row, scale_row, mask_n, sign_ptr, thr_ptr, level_ptr, b, 4, b * 32)
             else:
                 _store_octave_block(x, code_row, scale_row, mask_n, sign_ptr, thr_ptr, level_ptr, b, 3,
-                                    N4 * 32 + (b - N4) * 24, BLOCK_N)
+                                    N4 * 32 + (b - N4) * 24)
 
 
 def _store_one(fmt: KVFormat, x: torch.Tensor, loc: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None,
-               tensor: int, bits: tuple[int, ...], block_n: int) -> None:
+               tensor: int, bits: tuple[int, ...], block_n: int, num_warps: int) -> None:
     kind = tables.format_kind(fmt)
     dev = x.device
     n, h, d = x.shape
@@ -151,13 +191,14 @@ def _store_one(fmt: KVFormat, x: torch.Tensor, loc: torch.Tensor, codes: torch.T
         tables.threshold_table(dev), tables.level_table(dev), n,
         x.stride(0), x.stride(1), codes.stride(0), codes.stride(1),
         scales_t.stride(0) if scales is not None else 0, scales_t.stride(1) if scales is not None else 0,
-        FMT=kind, D=d, N4=n4, NB=nb, BLOCK_N=block_n, **STORE_COMPILE_OPTIONS)
+        FMT=kind, D=d, N4=n4, NB=nb, BLOCK_N=block_n, num_warps=num_warps, **STORE_COMPILE_OPTIONS)
 
 
 def store_kv(fmt: KVFormat, planes: dict[str, torch.Tensor], loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             block_n: int = 16) -> None:
+             block_n: int | None = None, num_warps: int | None = None) -> None:
     """Quantize k, v [N, H_kv, D] and write them into planes[...][loc]. loc: int32/int64 [N] slot ids.
-    Mutates planes in place; every byte of the N slots' rows is written."""
+    Mutates planes in place; every byte of the N slots' rows is written. block_n tokens per program and
+    num_warps: None = DEFAULT_LAUNCH's for the format kind."""
     check_planes(fmt, planes)
     num_kv_heads = next(iter(planes.values())).shape[1]
     for name, t in (("k", k), ("v", v)):
@@ -170,11 +211,13 @@ def store_kv(fmt: KVFormat, planes: dict[str, torch.Tensor], loc: torch.Tensor, 
     if k.shape[0] == 0:
         return
     kind = tables.format_kind(fmt)
+    block_n = block_n or DEFAULT_LAUNCH[kind][0]
+    num_warps = num_warps or DEFAULT_LAUNCH[kind][1]
     if kind == tables.FMT_BF16:
-        _store_one(fmt, k, loc, planes["k"], None, rotation.K_TENSOR, (), block_n)
-        _store_one(fmt, v, loc, planes["v"], None, rotation.V_TENSOR, (), block_n)
+        _store_one(fmt, k, loc, planes["k"], None, rotation.K_TENSOR, (), block_n, num_warps)
+        _store_one(fmt, v, loc, planes["v"], None, rotation.V_TENSOR, (), block_n, num_warps)
         return
     k_bits = getattr(fmt, "k_bits", ())
     v_bits = getattr(fmt, "v_bits", ())
-    _store_one(fmt, k, loc, planes["k_codes"], planes["k_scales"], rotation.K_TENSOR, k_bits, block_n)
-    _store_one(fmt, v, loc, planes["v_codes"], planes["v_scales"], rotation.V_TENSOR, v_bits, block_n)
+    _store_one(fmt, k, loc, planes["k_codes"], planes["k_scales"], rotation.K_TENSOR, k_bits, block_n, num_warps)
+    _store_one(fmt, v, loc, planes["v_codes"], planes["v_scales"], rotation.V_TENSOR, v_bits, block_n, num_warps)

@@ -54,8 +54,9 @@ def _variants():
                 "x_ptr": pb16, "loc_ptr": pi32, "codes_ptr": codes, "scales_ptr": scales, "sign_ptr": p32, "thr_ptr": p32,
                 "level_ptr": p32, "num_tokens": i32, "stride_x_n": i32, "stride_x_h": i32, "stride_c_slot": i32,
                 "stride_c_head": i32, "stride_s_slot": i32, "stride_s_head": i32,
-                "FMT": C(fmt), "D": C(d), "N4": C(kn4), "NB": C(d // 64), "BLOCK_N": C(16)},
-                store.STORE_COMPILE_OPTIONS))
+                "FMT": C(fmt), "D": C(d), "N4": C(kn4), "NB": C(d // 64),
+                "BLOCK_N": C(store.DEFAULT_LAUNCH[fmt][0])},
+                {**store.STORE_COMPILE_OPTIONS, "num_warps": store.DEFAULT_LAUNCH[fmt][1]}))
             common = {"k_codes": codes, "k_scales": scales, "v_codes": codes, "v_scales": scales}
             strides = {s: i32 for s in ("stride_kc_slot", "stride_kc_head", "stride_ks_slot", "stride_ks_head",
                                         "stride_vc_slot", "stride_vc_head", "stride_vs_slot", "stride_vs_head")}
@@ -66,16 +67,18 @@ def _variants():
                 FMT=C(fmt), GROUP=C(8), BLOCK_H=C(16), BLOCK_N=C(decode.default_block_n(fmt, d)), MIN_BLOCK=C(32),
                 K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx),
                 I8_F16=C({"cuda": fmt == 1, "hip": False})), {"num_warps": 4}))
-            # the causal extend everywhere; SGLang's custom (tree) mask of speculative verify for one format
+            # the causal extend everywhere; speculative verify (SGLang's custom tree mask, the new tokens read
+            # back from the pool at new_slots) for one format
             for mask in (False, True) if name == "octave_k3v4" and d == 128 else (False,):
                 out.append((f"extend {tag}" + (" custom-mask" if mask else ""), extend._extend_kernel, dict(
                     q_ptr=p32, ke_ptr=p32, ve_ptr=p32, out_ptr=p32, **common, qo_indptr=pi32, kv_indptr=pi32,
-                    kv_indices=pi32, custom_mask=pu8, mask_indptr=pi32, sm_scale=f32, stride_q_t=i32,
-                    stride_q_h=i32, stride_ke_t=i32, stride_ke_h=i32, stride_ve_t=i32, stride_ve_h=i32,
+                    kv_indices=pi32, custom_mask=pu8, mask_indptr=pi32, new_slots="*i64", sm_scale=f32,
+                    stride_q_t=i32, stride_q_h=i32, stride_ke_t=i32, stride_ke_h=i32, stride_ve_t=i32, stride_ve_h=i32,
                     stride_o_t=i32, stride_o_h=i32, **strides,
                     FMT=C(fmt), GROUP=C(8), BLOCK_G=C(8), BLOCK_M=C(extend.ROWS_PER_PROGRAM[d] // 8),
                     BLOCK_N=C(extend.BLOCK_N[d]), K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), IS_CAUSAL=C(not mask),
-                    USE_CUSTOM_MASK=C(mask), LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx)), {"num_warps": 8}))
+                    USE_CUSTOM_MASK=C(mask), NEW_FROM_POOL=C(mask), LOGIT_CAP=C(0.0), DOT_BF16=C(True),
+                    LUT=C(ptx)), {"num_warps": 8}))
             out.append((f"dequant {tag}", dequant._dequant_kernel, {
                 "codes": codes, "scales": scales, "loc_ptr": pi32, "out_ptr": p32, "num_tokens": i32,
                 "stride_c_slot": i32, "stride_c_head": i32, "stride_s_slot": i32, "stride_s_head": i32, "stride_o_n": i32,

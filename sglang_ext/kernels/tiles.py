@@ -85,10 +85,12 @@ def octave_levels(row_ptr, mask_n, OFF: tl.constexpr, BITS: tl.constexpr, BLOCK_
 
 @triton.jit
 def kv_block(FMT: tl.constexpr, codes_ptr, row, mask_n, b: tl.constexpr, N4: tl.constexpr, BLOCK_N: tl.constexpr,
-             LUT: tl.constexpr, I8_F16: tl.constexpr = False):
+             LUT: tl.constexpr, I8_F16: tl.constexpr = 0, IS_K: tl.constexpr = False):
     """Unscaled values [BLOCK_N, 64] of block b (float32; bf16 for octave with LUT 1; fp16 for int8 with I8_F16).
     row: int64 [BLOCK_N] element offsets of the rows. FMT 0: plain float rows (bf16 planes, or extend's new K/V);
-    1: int8 codes; 2: octave levels, where blocks 0..N4-1 are 4-bit (32 bytes) and the rest 3-bit (24 bytes)."""
+    1: int8 codes; 2: octave levels, where blocks 0..N4-1 are 4-bit (32 bytes) and the rest 3-bit (24 bytes).
+    I8_F16 (int8): 0 float32 conversion; 1 fp16 by PTX on the loaded vectors; 2 the same for V, K's conversion
+    left for Triton to place (after the shared-memory trip: int8_ptx.int8_to_f16_ptx)."""
     if FMT == 2:
         if b < N4:
             x = octave_levels(codes_ptr + row, mask_n, b * 32, 4, BLOCK_N, LUT)
@@ -96,7 +98,8 @@ def kv_block(FMT: tl.constexpr, codes_ptr, row, mask_n, b: tl.constexpr, N4: tl.
             x = octave_levels(codes_ptr + row, mask_n, N4 * 32 + (b - N4) * 24, 3, BLOCK_N, LUT)
     elif FMT == 1 and I8_F16:
         offs = b * 64 + tl.arange(0, 64)
-        x = int8_to_f16_ptx(tl.load(codes_ptr + row[:, None] + offs[None, :], mask=mask_n[:, None], other=0))
+        x = int8_to_f16_ptx(tl.load(codes_ptr + row[:, None] + offs[None, :], mask=mask_n[:, None], other=0),
+                            I8_F16 == 2 and IS_K)
     else:
         offs = b * 64 + tl.arange(0, 64)
         x = tl.load(codes_ptr + row[:, None] + offs[None, :], mask=mask_n[:, None], other=0).to(tl.float32)
@@ -125,7 +128,7 @@ def _dot(a, b, DOT_BF16: tl.constexpr):
 @triton.jit
 def scores(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, mask_n, N4: tl.constexpr,
            NB: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
-           LUT: tl.constexpr, I8_F16: tl.constexpr = False):
+           LUT: tl.constexpr, I8_F16: tl.constexpr = 0):
     """q . k for a tile: float32 [M, BLOCK_N]. q0..q3: the query's 64-dim blocks [M, 64] (fp16 and scaled to
     |q| <= 1 per row for int8 with I8_F16: see q_blocks_f16)."""
     qk = tl.zeros([M, BLOCK_N], dtype=tl.float32)
@@ -138,7 +141,7 @@ def scores(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, 
             qb = q2
         else:
             qb = q3
-        kb = kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT, I8_F16)
+        kb = kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT, I8_F16, True)
         if FMT == 1 and I8_F16:
             part = tl.dot(qb, tl.trans(kb))
         else:
@@ -154,7 +157,7 @@ def scores(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, 
 @triton.jit
 def accumulate(FMT: tl.constexpr, p, acc0, acc1, acc2, acc3, codes_ptr, scales_ptr, row, srow, mask_n,
                N4: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
-               LUT: tl.constexpr, I8_F16: tl.constexpr = False):
+               LUT: tl.constexpr, I8_F16: tl.constexpr = 0):
     """acc_b += p @ v_b for a tile; p float32 [M, BLOCK_N] (the V scales are folded into p's columns). int8
     with I8_F16: p's columns are scaled by scale / (the tile's largest scale), so the fp16 operand stays in
     [0, 1] whatever the scales' magnitude, and the tile's largest scale multiplies the dot's float32 result."""
