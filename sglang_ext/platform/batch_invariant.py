@@ -1,7 +1,8 @@
 """Batch-invariant inference on the portable CPU platform: SGLang's `--enable-deterministic-inference`.
 
-Why: on this platform's float32 BLAS (MKL) a projection of M rows gives, for the same row, last-bit different
-results for M = 1, 2-3, 4-15 and 16+ (different kernels; `Linear(576, 192)`: every output differs, up to 7e-7).
+Why: on this platform's float32 BLAS (MKL) a projection gives the same row last-bit different results depending
+on how many rows it computes together (`Linear(576, 192)`: M = 1, 2-3 and 4+ give three results, up to 1.2e-6
+apart; docs/speculative-decoding.md).
 Speculative target verify projects 4 rows where plain decode projects 1, so the K/V it stores and the logits it
 compares differ in the last bits from sequential decode's; a quantized KV format turns such a difference at a code
 boundary into a different code, and greedy output parts at the next near-tie.
