@@ -106,6 +106,8 @@ def one_query_batches(batch: PaddedBatch) -> list[tuple[int, PaddedBatch]]:
     does not depend on the other queries, the padding, or how many drafts a verify step carries)."""
     if batch.new_tokens:
         raise ValueError("one_query_batches needs every key in the pool (new_tokens False)")
+    if batch.q_valid.numel() == 1 and bool(batch.q_valid.all()) and bool(batch.mask.all()):
+        return [(int(batch.q_rows[0, 0]), batch)]  # already one query over exactly its keys (decode at batch 1)
     out = []
     for b, m in batch.q_valid.nonzero().tolist():
         slots = batch.kv_slots[b][batch.mask[b, m]]

@@ -72,6 +72,9 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
         self.kv_format = pool.kv_format
         self.plan: BatchPlan | None = None
         self.padded: PaddedBatch | None = None
+        # batch-invariant mode: self.padded split into one batch per query, computed once per forward step
+        self._one_query: list[tuple[int, PaddedBatch]] = []
+        self._one_query_of: PaddedBatch | None = None
         self._checked_layers: set[int] = set()
 
     def init_forward_metadata(self, forward_batch):
@@ -178,8 +181,10 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
 
     def _one_query_at_a_time(self, q3, planes, layer) -> torch.Tensor:
         """Batch-invariant mode: each query of self.padded attends alone, as a batch-1 decode step would."""
+        if self._one_query_of is not self.padded:
+            self._one_query, self._one_query_of = one_query_batches(self.padded), self.padded
         o = torch.zeros(q3.shape, dtype=torch.float32, device=q3.device)
-        for row, one in one_query_batches(self.padded):
+        for row, one in self._one_query:
             o[row] = batched_attention(self.kv_format, q3[row:row + 1], planes, one, layer.scaling,
                                        logit_cap_of(layer))[0]
         return o
