@@ -1,12 +1,14 @@
 """NEXTN over each KV format against the plain server of the same format, on the portable CPU platform.
 
-    python benchmarks/spec_kv.py [--kv auto int8 octave_k3v4 octave_k3v3] [--out docs/benchmarks/speculative-kv.json]
+    python benchmarks/spec_kv.py [--kv auto int8 octave_k3v4 octave_k3v3] [--deterministic] [--draft DIR] [--out F]
 
 Per KV format: a plain server, then a NEXTN server (fixed-seed MTP layer, or --draft DIR, a trained one; 3 steps,
 topk 1, 4 draft tokens), one
 at a time, each given the 4 prompts of tests/spec/test_spec_serving.py one by one (batch 1, greedy, 64 tokens,
 ignore_eos). Recorded per request: output ids, completion_tokens, spec_verify_ct and e2e_latency from the
-server's meta_info, and the 1-minute load average before and after. Printed per format: prompts with identical
+server's meta_info, and the 1-minute load average before and after. --deterministic starts both servers with
+--enable-deterministic-inference (the CPU platform's batch-invariant mode); both serve the MiMo folder then, the
+model NEXTN verifies with. Printed per format: prompts with identical
 output, identical tokens (position by position), accept length (completion tokens / verify steps) and tokens/s
 (completion tokens / e2e latency, prefill included) for plain and NEXTN.
 """
@@ -66,6 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kv", nargs="+", default=["auto", "int8", "octave_k3v4", "octave_k3v3"])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--deterministic", action="store_true", help="both servers with --enable-deterministic-inference")
     ap.add_argument("--draft", default=None, help="a trained MTP folder (train-draft's output); default: the "
                     "fixed-seed untrained layer")
     args = ap.parse_args()
@@ -76,11 +79,14 @@ def main() -> None:
         mtp = Path(tempfile.mkdtemp(prefix="spec-kv-")) / "smollm2-mtp"
         write_mtp_checkpoint(model, mtp, fixed_seed_mtp_weights(model, seed=0))
     results = []
+    mode = ["--enable-deterministic-inference"] if args.deterministic else []
+    plain_model = str(mtp) if args.deterministic else model
     for kv in args.kv:
-        kv_args = ["--kv-cache-dtype", kv]
-        plain = run_server(model, [*BASE_ARGS, *WATCHDOG, *kv_args], f"bench-plain-{kv}")
+        kv_args = ["--kv-cache-dtype", kv, *mode]
+        plain = run_server(plain_model, [*BASE_ARGS, *WATCHDOG, *kv_args], f"bench-plain-{kv}")
         nextn = run_server(model, [*BASE_ARGS, *WATCHDOG, *kv_args, *nextn_args(str(mtp))], f"bench-nextn-{kv}")
-        results.append({"summary": summarise(kv, plain, nextn), "plain": plain, "nextn": nextn})
+        results.append({"summary": summarise(kv, plain, nextn), "deterministic": args.deterministic,
+                        "plain": plain, "nextn": nextn})
         s = results[-1]["summary"]
         print(f"| {kv} | {s['prompts_identical']}/{s['prompts']} | {s['tokens_identical']}/{s['tokens']} "
               f"| {s['accept_length']:.3f} | {s['plain_tok_s']:.2f} | {s['nextn_tok_s']:.2f} "

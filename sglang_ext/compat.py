@@ -128,6 +128,19 @@ HOOK_TORCH_NATIVE_SDPA_EXTEND = f"{TORCH_NATIVE_ATTN_BACKEND}._run_sdpa_forward_
 # Seeded sampling (`sampling_seed`) hashes (seed, position, token) with this; on a CPU device it needs sgl_kernel's
 # CPU build. The portable CPU platform replaces it with sglang_ext.platform.seeded_sampling.murmur_hash32.
 HOOK_MURMUR_HASH32 = "sglang.kernels.ops.sampling.murmur_hash.murmur_hash32"
+# --- batch-invariant mode on the portable CPU platform (platform/batch_invariant.py) ---------------------------
+# --enable-deterministic-inference: SGLang validates the attention backend against a list it lets platforms extend
+# (`add_deterministic_attention_backend_choices`, list.extend); ModelRunner then calls
+# maybe_enable_batch_invariant_mode (self), which registers Triton GEMMs for a CUDA/XPU/NPU dispatch key.
+_LAZY["add_deterministic_attention_backend_choices"] = (
+    "sglang.srt.arg_groups.choices:add_deterministic_attention_backend_choices")
+HOOK_ENABLE_BATCH_INVARIANT_MODE = "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode"
+# One forward step (self, forward_batch, ...): the mode reads forward_batch.forward_mode.
+HOOK_MODEL_RUNNER_FORWARD = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
+# Every unquantized linear layer's matmul (self, layer, x, bias=None); on this platform it ends in F.linear.
+HOOK_UNQUANTIZED_LINEAR_APPLY = "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply"
+# The logits matmul (self, hidden_states, lm_head, embedding_bias=None, *, out=None).
+HOOK_LOGITS_COMPUTE_LM_HEAD = "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head"
 # Checkpoint name prefixes SGLang's loaders rewrite before matching parameters: (old, new).
 CKPT_NAME_RENAMES = (("model.language_model.", "model."),)
 

@@ -37,3 +37,8 @@ SESSION_RETENTION_SECONDS = "SGLANG_EXT_SESSION_RETENTION_SECONDS"
 # op is missing or greedy-only), "all" (every op SGLang builds natively: tree build, reconstruction, greedy and
 # sampling verification, renormalisation), "off" (none).
 SPEC_GPU_OPS = "SGLANG_EXT_SPEC_GPU_OPS"
+
+# "1" in the processes of a server started with --enable-deterministic-inference on the portable CPU platform:
+# exported by the launcher (platform/batch_invariant.py) so that the scheduler processes install the
+# batch-invariant hooks; without it they install none and the default path is untouched.
+BATCH_INVARIANT = "SGLANG_EXT_BATCH_INVARIANT"

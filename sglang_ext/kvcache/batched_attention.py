@@ -99,6 +99,24 @@ def read_new_tokens_from_pool(batch: PaddedBatch, new_slots: torch.Tensor) -> Pa
     return PaddedBatch(torch.cat([batch.kv_slots, new_cols], dim=1), batch.q_rows, batch.q_valid, batch.mask, False)
 
 
+def one_query_batches(batch: PaddedBatch) -> list[tuple[int, PaddedBatch]]:
+    """`batch` (every key in the pool: decode, or verify after read_new_tokens_from_pool) split into one batch per
+    query: (its row in q, a 1 x 1 batch over exactly the slots it sees, in order). Attended with q[row:row + 1],
+    each is the computation a batch-1 decode step of that query would do (batch-invariant mode: a query's output
+    does not depend on the other queries, the padding, or how many drafts a verify step carries)."""
+    if batch.new_tokens:
+        raise ValueError("one_query_batches needs every key in the pool (new_tokens False)")
+    if batch.q_valid.numel() == 1 and bool(batch.q_valid.all()) and bool(batch.mask.all()):
+        return [(int(batch.q_rows[0, 0]), batch)]  # already one query over exactly its keys (decode at batch 1)
+    out = []
+    for b, m in batch.q_valid.nonzero().tolist():
+        slots = batch.kv_slots[b][batch.mask[b, m]]
+        mask = torch.ones(1, 1, slots.numel(), dtype=torch.bool, device=slots.device)
+        zero = torch.zeros(1, 1, dtype=torch.int64, device=slots.device)
+        out.append((int(batch.q_rows[b, m]), PaddedBatch(slots[None], zero, mask[:, :, 0], mask, False)))
+    return out
+
+
 def batched_attention(
     fmt: KVFormat,
     q: torch.Tensor,

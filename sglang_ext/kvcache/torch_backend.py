@@ -20,11 +20,13 @@ from sglang_ext.kvcache.batch_plan import BatchPlan, plan_decode, plan_extend
 from sglang_ext.kvcache.batched_attention import (
     PaddedBatch,
     batched_attention,
+    one_query_batches,
     pad_batch,
     read_new_tokens_from_pool,
 )
 from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
 from sglang_ext.kvformats import reference
+from sglang_ext.platform import batch_invariant
 
 
 def check_layer_supported(layer, fmt_name: str, backend: str) -> None:
@@ -70,6 +72,9 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
         self.kv_format = pool.kv_format
         self.plan: BatchPlan | None = None
         self.padded: PaddedBatch | None = None
+        # batch-invariant mode: self.padded split into one batch per query, computed once per forward step
+        self._one_query: list[tuple[int, PaddedBatch]] = []
+        self._one_query_of: PaddedBatch | None = None
         self._checked_layers: set[int] = set()
 
     def init_forward_metadata(self, forward_batch):
@@ -133,6 +138,9 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
                                       "from the pool, so it must store them (save_kv_cache)")
         q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         planes = self.kv_pool.layer_planes(layer.layer_id)
+        if self.padded is not None and batch_invariant.rows_alone() and not self.padded.new_tokens:
+            o = self._one_query_at_a_time(q3, planes, layer)  # target verify
+            return o.to(q.dtype).reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
         if self.padded is not None:
             o = batched_attention(
                 self.kv_format, q3, planes, self.padded, layer.scaling, logit_cap_of(layer), k_new=k3, v_new=v3
@@ -163,12 +171,20 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
                 k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
                 v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
             )
-        o = batched_attention(
-            self.kv_format,
-            q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim),
-            self.kv_pool.layer_planes(layer.layer_id),
-            self.padded,
-            layer.scaling,
-            logit_cap_of(layer),
-        )
+        q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        planes = self.kv_pool.layer_planes(layer.layer_id)
+        if batch_invariant.rows_alone():
+            o = self._one_query_at_a_time(q3, planes, layer)
+        else:
+            o = batched_attention(self.kv_format, q3, planes, self.padded, layer.scaling, logit_cap_of(layer))
         return o.to(q.dtype).reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def _one_query_at_a_time(self, q3, planes, layer) -> torch.Tensor:
+        """Batch-invariant mode: each query of self.padded attends alone, as a batch-1 decode step would."""
+        if self._one_query_of is not self.padded:
+            self._one_query, self._one_query_of = one_query_batches(self.padded), self.padded
+        o = torch.zeros(q3.shape, dtype=torch.float32, device=q3.device)
+        for row, one in self._one_query:
+            o[row] = batched_attention(self.kv_format, q3[row:row + 1], planes, one, layer.scaling,
+                                       logit_cap_of(layer))[0]
+        return o

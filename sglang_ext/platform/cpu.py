@@ -23,7 +23,9 @@ class PortableCpuPlatform(compat.CpuDeviceMixin, compat.SRTPlatform):
     def apply_server_args_defaults(self, server_args) -> None:
         """Fill defaults the user left unset; `server_args` records our writes as platform defaults."""
         server_args.device = "cpu"
-        if server_args.attention_backend is None:
+        # SGLang's CPU rule (run before this) picks intel_amx on x86; without AMX it falls back to torch_native only
+        # after --enable-deterministic-inference has checked the backend, so resolve it here.
+        if server_args.attention_backend in (None, "intel_amx"):
             server_args.attention_backend = "torch_native"
         if server_args.sampling_backend is None:
             server_args.sampling_backend = "pytorch"

@@ -14,6 +14,8 @@ No mask means a chain: causal over the drafts.
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from sglang_ext.platform import batch_invariant
+
 
 def draft_masks(custom_mask: torch.Tensor | None, seq_lens: list[int], n: int, device) -> list[torch.Tensor]:
     """Per request the bool [n, seq_len + n] visibility of its keys from its draft rows."""
@@ -61,13 +63,33 @@ def target_verify_attention(
     masks = draft_masks(custom_mask, lens, n, q.device)
     qh = q.view(bs, n, q_heads, head_dim)
     out = q.new_empty((bs * n, q_heads, v_cache.shape[-1]))
+    enable_gqa = q_heads != k_cache.shape[1]
     for b in range(bs):
         slots = torch.cat((req_to_token[req_pool_indices[b], :lens[b]].long(),
                            out_cache_loc[b * n:(b + 1) * n].long()))
+        if batch_invariant.rows_alone():
+            _rows_as_decode(q.view(bs * n, q_heads, head_dim), out, k_cache, v_cache, slots, masks[b], b * n,
+                            scaling, enable_gqa)
+            continue
         key = k_cache[slots].to(q.dtype).transpose(0, 1)  # [kv_heads, keys, head_dim]
         value = v_cache[slots].to(q.dtype).transpose(0, 1)
         o = scaled_dot_product_attention(qh[b].transpose(0, 1).unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0),
-                                         attn_mask=masks[b], scale=scaling,
-                                         enable_gqa=q_heads != k_cache.shape[1])
+                                         attn_mask=masks[b], scale=scaling, enable_gqa=enable_gqa)
         out[b * n:(b + 1) * n] = o.squeeze(0).transpose(0, 1)
     return out.view(bs * n, -1)
+
+
+def _rows_as_decode(q3, out, k_cache, v_cache, slots, mask, first_row, scaling, enable_gqa) -> None:
+    """Batch-invariant mode: each draft row attends alone over the keys it sees, with the same SDPA call (shapes,
+    strides, arguments) as SGLang's torch_native decode (`_run_sdpa_forward_decode`) for that token."""
+    query = q3.movedim(0, 1)  # [q_heads, rows, head_dim], as decode views its queries
+    for j in range(mask.shape[0]):
+        row = first_row + j
+        key = k_cache[slots[mask[j]]].movedim(0, 1)
+        value = v_cache[slots[mask[j]]].movedim(0, 1)
+        per_row_query = query[:, row:row + 1, :]
+        if not (per_row_query.dtype == key.dtype == value.dtype):
+            key, value = key.to(per_row_query.dtype), value.to(per_row_query.dtype)
+        o = scaled_dot_product_attention(per_row_query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0),
+                                         attn_mask=None, enable_gqa=enable_gqa, scale=scaling, is_causal=False)
+        out[row:row + 1] = o.squeeze(0).movedim(1, 0)

@@ -212,3 +212,47 @@ def test_chain_verify_equals_sequential_decode(name):
         full_precision.append(dense_attention(pool, req_to_token[r, :lp], q[rows], k[rows], v[rows], mask))
     gap = float((torch.cat(full_precision) - decode).abs().max())
     assert gap > 100 * max(err, 1e-7), f"{name}: full-precision drafts differ from decode by only {gap:.2e}"
+
+
+@pytest.fixture
+def batch_invariant_mode():
+    from sglang_ext.platform import batch_invariant
+
+    batch_invariant.enable()
+    with batch_invariant.token_step(True):
+        yield
+    batch_invariant.disable()
+
+
+@pytest.mark.parametrize("name", KV_CACHE_DTYPES)
+def test_chain_verify_bitwise_equals_decode_in_batch_invariant_mode(name, batch_invariant_mode):
+    """With `--enable-deterministic-inference` every verify row attends alone, as a batch-1 decode step of that
+    token: the outputs are bitwise those of the decode steps, even when decode runs 3 requests of different lengths
+    together (padded) and verify carries 4 drafts per request."""
+    gen = torch.Generator().manual_seed(11)
+    backend, pool, req_to_token = make_backend(name, gen)
+    reqs, prefix_lens, n = [3, 0, 4], [50, 7, 101], 4
+    fill_prefix(pool, req_to_token, reqs, prefix_lens, gen)
+    t = n * len(reqs)
+    q = torch.randn(t, H_KV * GROUP, DIM, generator=gen)
+    k = torch.randn(t, H_KV, DIM, generator=gen)
+    v = torch.randn(t, H_KV, DIM, generator=gen)
+    lens = torch.tensor(prefix_lens)
+    out_loc = torch.cat([req_to_token[r, lp : lp + n] for r, lp in zip(reqs, prefix_lens, strict=True)])
+    fb = SimpleNamespace(forward_mode=compat.ForwardMode.TARGET_VERIFY, req_pool_indices=torch.tensor(reqs),
+                         out_cache_loc=out_loc, seq_lens=lens, seq_lens_cpu=lens,
+                         spec_info=SimpleNamespace(num_tokens_per_req=n, custom_mask=None))  # fmt: skip
+    backend.init_forward_metadata(fb)
+    verify = backend.forward_extend(q.view(t, -1), k.view(t, -1), v.view(t, -1), LAYER, fb).view(t, -1, DIM)
+    decode = torch.empty_like(verify)
+    for j in range(n):
+        rows = torch.arange(len(reqs)) * n + j
+        step_lens = lens + j + 1
+        fb = SimpleNamespace(forward_mode=compat.ForwardMode.DECODE, req_pool_indices=torch.tensor(reqs),
+                             seq_lens=step_lens, seq_lens_cpu=step_lens, out_cache_loc=out_loc[rows])  # fmt: skip
+        backend.init_forward_metadata(fb)
+        o = backend.forward_decode(q[rows].view(len(reqs), -1), k[rows].view(len(reqs), -1),
+                                   v[rows].view(len(reqs), -1), LAYER, fb)  # fmt: skip
+        decode[rows] = o.view(len(reqs), -1, DIM)
+    differing = int((verify != decode).sum())
+    assert differing == 0, f"{name}: {differing} verify outputs differ from decode's in the last bits"

@@ -351,3 +351,41 @@ def test_draft_step_slots_follow_the_worker_layout(topk):
             wrong = out.view(len(reqs), topk, num_steps)[:, :, step].t().reshape(-1)
             with pytest.raises(RuntimeError, match="branch slot layout"):
                 check_step_slots(wrong, table, lengths)
+
+
+def test_target_verify_attention_in_batch_invariant_mode_is_sglang_decode_bitwise():
+    """bf16-KV verify in `--enable-deterministic-inference`: every chain draft row equals, bit for bit, SGLang's own
+    torch_native decode of that token (`_run_sdpa_forward_decode`) over the same cache."""
+    from sglang_ext import compat
+    from sglang_ext.platform import batch_invariant
+
+    torch.manual_seed(4)
+    q_heads, kv_heads, d, n, slots = 9, 3, 64, 4, 256
+    k_cache, v_cache = torch.randn(slots, kv_heads, d), torch.randn(slots, kv_heads, d)
+    seq = [37, 90]
+    req_to_token = torch.randperm(slots).to(torch.int32).view(2, 128)
+    reqs = torch.tensor([1, 0])
+    out_cache_loc = torch.cat([req_to_token[r, s:s + n] for r, s in zip(reqs, seq)]).long()
+    q = torch.randn(2 * n, q_heads * d)
+    scale = 1 / math.sqrt(d)
+    def verify():
+        return target_verify_attention(q, k_cache, v_cache, req_to_token, reqs, torch.tensor(seq), out_cache_loc,
+                                       None, n, q_heads, scale).view(2 * n, q_heads, d)
+
+    batch_invariant.enable()
+    try:
+        with batch_invariant.token_step(True):
+            got = verify()
+    finally:
+        batch_invariant.disable()
+    decode = compat.TorchNativeAttnBackend._run_sdpa_forward_decode
+    want = torch.empty_like(got)
+    for b, (r, s) in enumerate(zip(reqs, seq)):
+        for j in range(n):
+            decode(None, q[b * n + j:b * n + j + 1].view(1, q_heads, d), want[b * n + j:b * n + j + 1], k_cache,
+                   v_cache, req_to_token, r.view(1), torch.tensor([s + j + 1]), scaling=scale, enable_gqa=True,
+                   causal=False)
+    rows_differing = [i for i in range(2 * n) if not torch.equal(got[i], want[i])]
+    assert not rows_differing, f"verify rows {rows_differing} differ from SGLang's decode of the same token"
+    # Without the mode the masked 4-row SDPA differs from decode in the last bits (all 8 rows, measured).
+    assert not torch.equal(verify(), want), "verify without the mode equals decode bitwise: this test has no power"
