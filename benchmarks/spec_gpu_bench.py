@@ -17,7 +17,7 @@ Attention is torch SDPA with the GQA groups folded into the query rows (flash fo
 mask for verify); RMSNorm is torch's rms_norm; RoPE tables are computed outside the graph. Unfused elsewhere, so
 a step costs more kernels than in a serving engine; decode and verify pay that alike.
 Speed-up model: accept_len x t_decode / (t_verify + 3 t_draft + t_spec_ops) with t_spec_ops the measured time of
-the per-round Triton ops at batch 1 (greedy: verify_tree_greedy; sampling: tree sampling verify; plus
+the per-round Triton ops at the same batch size (greedy: verify_tree_greedy; sampling: tree sampling verify; plus
 assign_extend_cache_locs and fill_accept_out_cache_loc), once as pipelined launches, once host-synchronised.
 """
 
@@ -212,24 +212,25 @@ def kernel_rows(device, vocab, reps, seed=0):
 # ---------------------------------------------------------------------------------------------------------- (b)
 
 class TinyLlama:
-    """SmolLM2-135M-shaped decoder with random bf16 weights and a static KV cache (batch 1)."""
+    """SmolLM2-135M-shaped decoder with random bf16 weights and a static KV cache of `batch` sequences, all at the
+    same context length."""
 
-    def __init__(self, layers, hidden, heads, kv_heads, head_dim, mlp, vocab, max_ctx, device):
+    def __init__(self, layers, hidden, heads, kv_heads, head_dim, mlp, vocab, max_ctx, device, batch=1):
         g = torch.Generator(device="cpu").manual_seed(0)
 
         def w(*shape):
             return (torch.randn(*shape, generator=g) * 0.02).to(device=device, dtype=torch.bfloat16)
-        self.h, self.nh, self.nkv, self.hd = hidden, heads, kv_heads, head_dim
+        self.h, self.nh, self.nkv, self.hd, self.batch = hidden, heads, kv_heads, head_dim, batch
         self.embed = w(vocab, hidden)  # tied: also the lm_head
         self.layers = [dict(qkv=w((heads + 2 * kv_heads) * head_dim, hidden), o=w(hidden, heads * head_dim),
                             gate_up=w(2 * mlp, hidden), down=w(hidden, mlp),
                             n1=torch.ones(hidden, device=device, dtype=torch.bfloat16),
                             n2=torch.ones(hidden, device=device, dtype=torch.bfloat16)) for _ in range(layers)]
         self.norm = torch.ones(hidden, device=device, dtype=torch.bfloat16)
-        # KV cache per layer: [1, kv_heads, max_ctx, head_dim], random (never attend to zeros)
-        self.k_cache = [torch.randn(1, kv_heads, max_ctx, head_dim, generator=g).to(device, torch.bfloat16)
+        # KV cache per layer: [batch, kv_heads, max_ctx, head_dim], random (never attend to zeros)
+        self.k_cache = [torch.randn(batch, kv_heads, max_ctx, head_dim, generator=g).to(device, torch.bfloat16)
                         for _ in range(layers)]
-        self.v_cache = [torch.randn(1, kv_heads, max_ctx, head_dim, generator=g).to(device, torch.bfloat16)
+        self.v_cache = [torch.randn(batch, kv_heads, max_ctx, head_dim, generator=g).to(device, torch.bfloat16)
                         for _ in range(layers)]
         self.inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
 
@@ -244,21 +245,22 @@ class TinyLlama:
 
     def layer(self, i, x, rope, ctx, attn_mask):
         p = self.layers[i]
-        q_len, group, half = x.shape[0], self.nh // self.nkv, self.hd // 2
-        qkv = self.rms(x, p["n1"]) @ p["qkv"].t()
-        qk = qkv[:, :(self.nh + self.nkv) * self.hd].view(q_len, self.nh + self.nkv, self.hd)
-        cos, sin = rope[0][:, None, :], rope[1][:, None, :]
+        b = self.batch
+        q_len, group, half = x.shape[0] // b, self.nh // self.nkv, self.hd // 2
+        qkv = (self.rms(x, p["n1"]) @ p["qkv"].t()).view(b, q_len, -1)
+        qk = qkv[..., :(self.nh + self.nkv) * self.hd].view(b, q_len, self.nh + self.nkv, self.hd)
+        cos, sin = rope[0][None, :, None, :], rope[1][None, :, None, :]
         x1, x2 = qk[..., :half], qk[..., half:]
         qk = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)  # rotate-half RoPE (Llama)
-        v = qkv[:, (self.nh + self.nkv) * self.hd:].view(q_len, self.nkv, self.hd)
-        self.k_cache[i][0, :, ctx:ctx + q_len] = qk[:, self.nh:].transpose(0, 1)
-        self.v_cache[i][0, :, ctx:ctx + q_len] = v.transpose(0, 1)
+        v = qkv[..., (self.nh + self.nkv) * self.hd:].view(b, q_len, self.nkv, self.hd)
+        self.k_cache[i][:, :, ctx:ctx + q_len] = qk[:, :, self.nh:].transpose(1, 2)
+        self.v_cache[i][:, :, ctx:ctx + q_len] = v.transpose(1, 2)
         kk, vv = self.k_cache[i][:, :, :ctx + q_len], self.v_cache[i][:, :, :ctx + q_len]
-        # GQA folded into the query rows: q head h reads kv head h // group, so [kv_heads, group * q, d] queries
-        # attend to [kv_heads, ctx, d] keys with no head expansion.
-        q = qk[:, :self.nh].transpose(0, 1).reshape(1, self.nkv, group * q_len, self.hd)
+        # GQA folded into the query rows: q head h reads kv head h // group, so [b, kv_heads, group * q, d] queries
+        # attend to [b, kv_heads, ctx, d] keys with no head expansion.
+        q = qk[:, :, :self.nh].transpose(1, 2).reshape(b, self.nkv, group * q_len, self.hd)
         o = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=attn_mask)
-        o = o.view(self.nh, q_len, self.hd).transpose(0, 1).reshape(q_len, -1)
+        o = o.view(b, self.nh, q_len, self.hd).transpose(1, 2).reshape(b * q_len, -1)
         x = x + o @ p["o"].t()
         gate, up = (self.rms(x, p["n2"]) @ p["gate_up"].t()).chunk(2, -1)
         return x + (torch.nn.functional.silu(gate) * up) @ p["down"].t()
@@ -296,47 +298,48 @@ def graph_time_us(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def model_rows(device, reps, contexts, shape):
-    model = TinyLlama(**shape, max_ctx=max(contexts) + 16, device=device)
+def model_rows(device, reps, contexts, shape, batch=1):
+    model = TinyLlama(**shape, max_ctx=max(contexts) + 16, device=device, batch=batch)
     model.eh_proj = (torch.randn(shape["hidden"], 2 * shape["hidden"]) * 0.02).to(device, torch.bfloat16)
     mtp_layer = [0]  # one decoder layer (its own weights in a real MTP module; the shape is what matters here)
     rows = []
     for ctx in contexts:
-        one = torch.tensor([5], device=device)
-        four = torch.tensor([5, 6, 7, 8], device=device)
+        one = torch.tensor([5] * batch, device=device)
+        four = torch.tensor([5, 6, 7, 8] * batch, device=device)
         rope1 = model.rope_tables(torch.tensor([ctx], device=device))
         rope4 = model.rope_tables(torch.arange(ctx, ctx + 4, device=device))
         # verify: draft token i sees the context and drafts 0..i; rows repeated per folded query head
         verify_mask = torch.ones(4, ctx + 4, dtype=torch.bool, device=device)
         verify_mask[:, ctx:] = torch.tril(torch.ones(4, 4, dtype=torch.bool, device=device))
         verify_mask = verify_mask.repeat(shape["heads"] // shape["kv_heads"], 1)
-        hidden_prev = torch.randn(1, shape["hidden"], device=device, dtype=torch.bfloat16)
+        hidden_prev = torch.randn(batch, shape["hidden"], device=device, dtype=torch.bfloat16)
         all_layers = range(shape["layers"])
         with torch.inference_mode():
             t_decode = graph_time_us(lambda: model.forward(one, rope1, ctx, all_layers), reps)
             t_verify = graph_time_us(lambda: model.forward(four, rope4, ctx, all_layers, verify_mask), reps)
             t_draft = graph_time_us(lambda: model.forward(one, rope1, ctx, mtp_layer, extra=hidden_prev), reps)
-        rows.append({"context": ctx, "t_decode_us": round(t_decode, 1), "t_verify4_us": round(t_verify, 1),
-                     "t_draft_us": round(t_draft, 1)})
-        print(f"ctx {ctx:>5}: decode {t_decode:7.1f} us  verify(4) {t_verify:7.1f} us  draft {t_draft:7.1f} us",
+        rows.append({"batch": batch, "context": ctx, "t_decode_us": round(t_decode, 1),
+                     "t_verify4_us": round(t_verify, 1), "t_draft_us": round(t_draft, 1)})
+        print(f"batch {batch} ctx {ctx:>5}: decode {t_decode:7.1f} us  verify(4) {t_verify:7.1f} us  draft {t_draft:7.1f} us",
               flush=True)
     return rows
 
 
 def speedup_rows(model, kernels):
-    """accept_len x t_decode / (t_verify + 3 t_draft + t_spec_ops) at batch 1, per context, verify mode, accept len,
-    and op timing (pipelined launches, or each launch followed by a host synchronisation)."""
+    """accept_len x t_decode / (t_verify + 3 t_draft + t_spec_ops) per batch, context, verify mode, accept len,
+    and op timing (pipelined launches, or each launch followed by a host synchronisation); the ops timed at the
+    model row's batch size."""
     out = []
     for timing, key in (("pipelined", "triton_pipelined_us"), ("host-synced", "triton_us")):
-        def t(op, key=key):
-            return next(r[key] for r in kernels if r["batch"] == 1 and r["op"].startswith(op))
-        bookkeeping = t("assign_extend_cache_locs") + t("fill_accept_out_cache_loc")
-        spec_ops = {"greedy": t("verify_tree_greedy n4") + bookkeeping,
-                    "sampling": t("tree_speculative_sampling n4") + bookkeeping}
         for m in model:
+            def t(op, key=key, bs=m.get("batch", 1)):
+                return next(r[key] for r in kernels if r["batch"] == bs and r["op"].startswith(op))
+            bookkeeping = t("assign_extend_cache_locs") + t("fill_accept_out_cache_loc")
+            spec_ops = {"greedy": t("verify_tree_greedy n4") + bookkeeping,
+                        "sampling": t("tree_speculative_sampling n4") + bookkeeping}
             for mode, t_ops in spec_ops.items():
                 denom = m["t_verify4_us"] + 3 * m["t_draft_us"] + t_ops
-                out.append({"context": m["context"], "verify": mode, "op_timing": timing,
+                out.append({"batch": m.get("batch", 1), "context": m["context"], "verify": mode, "op_timing": timing,
                             "t_spec_ops_us": round(t_ops, 1),
                             **{f"speedup_at_{a}": round(a * m["t_decode_us"] / denom, 2) for a in ACCEPT_LENGTHS}})
     return out
@@ -346,6 +349,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="small vocab and model, few repeats (interpreter)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="batch sizes of the step-time model")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -358,12 +362,14 @@ def main() -> int:
     (out / "spec_gpu.json").write_text(json.dumps(result, indent=1))
     if device == "cuda":
         shape = SHAPE if not args.quick else dict(SHAPE, layers=2)
-        result["model"] = model_rows(device, reps=20 if args.quick else 200, contexts=(1024, 8192), shape=shape)
+        result["model"] = [row for batch in args.batches for row in
+                           model_rows(device, reps=20 if args.quick else 200, contexts=(1024, 8192), shape=shape,
+                                      batch=batch)]
         result["speedup_model"] = speedup_rows(result["model"], result["kernels"])
         (out / "spec_gpu.json").write_text(json.dumps(result, indent=1))
-        print("\ncontext verify   op timing    t_spec_ops  " + "  ".join(f"acc {a}" for a in ACCEPT_LENGTHS))
+        print("\nbatch context verify   op timing    t_spec_ops  " + "  ".join(f"acc {a}" for a in ACCEPT_LENGTHS))
         for r in result["speedup_model"]:
-            print(f"{r['context']:>7} {r['verify']:<8} {r['op_timing']:<12} {r['t_spec_ops_us']:>8.1f}us  "
+            print(f"{r['batch']:>5} {r['context']:>7} {r['verify']:<8} {r['op_timing']:<12} {r['t_spec_ops_us']:>8.1f}us  "
                   + "  ".join(f"{r[f'speedup_at_{a}']:>7.2f}" for a in ACCEPT_LENGTHS))
     bad = [r for r in result["kernels"] if not r["exact_match"]]
     print(f"\n{len(result['kernels']) - len(bad)} of {len(result['kernels'])} kernel comparisons exact")
