@@ -171,11 +171,11 @@ def test_decode_batch_equals_dense_attention(name):
         assert err < 1e-4, f"{name} decode request {i} (len {n}): max |backend - dense| {err:.2e}"
 
 
-@pytest.mark.parametrize("name", KV_CACHE_DTYPES)
-def test_chain_verify_equals_sequential_decode(name):
-    """A chain verify of n drafts gives, row by row, the outputs of the n decode steps it replaces (each stores
-    its token, then attends through the pool), so greedy output with speculation equals output without."""
-    gen = torch.Generator().manual_seed(10)
+def chain_verify_and_decode(name: str, seed: int) -> SimpleNamespace:
+    """One chain verify of 4 drafts for 3 requests of different prefix lengths, and the 4 decode steps it
+    replaces (each stores its token, then attends through the pool, all 3 requests together): both outputs,
+    and the inputs for further checks."""
+    gen = torch.Generator().manual_seed(seed)
     backend, pool, req_to_token = make_backend(name, gen)
     reqs, prefix_lens, n = [3, 0, 4], [50, 7, 101], 4
     fill_prefix(pool, req_to_token, reqs, prefix_lens, gen)
@@ -190,7 +190,6 @@ def test_chain_verify_equals_sequential_decode(name):
                          spec_info=SimpleNamespace(num_tokens_per_req=n, custom_mask=None))  # fmt: skip
     backend.init_forward_metadata(fb)
     verify = backend.forward_extend(q.view(t, -1), k.view(t, -1), v.view(t, -1), LAYER, fb).view(t, -1, DIM)
-
     decode = torch.empty_like(verify)
     for j in range(n):
         rows = torch.arange(len(reqs)) * n + j
@@ -201,6 +200,17 @@ def test_chain_verify_equals_sequential_decode(name):
         o = backend.forward_decode(q[rows].view(len(reqs), -1), k[rows].view(len(reqs), -1),
                                    v[rows].view(len(reqs), -1), LAYER, fb)  # fmt: skip
         decode[rows] = o.view(len(reqs), -1, DIM)
+    return SimpleNamespace(verify=verify, decode=decode, pool=pool, req_to_token=req_to_token, reqs=reqs,
+                           prefix_lens=prefix_lens, n=n, q=q, k=k, v=v)
+
+
+@pytest.mark.parametrize("name", KV_CACHE_DTYPES)
+def test_chain_verify_equals_sequential_decode(name):
+    """A chain verify of n drafts gives, row by row, the outputs of the n decode steps it replaces (each stores
+    its token, then attends through the pool), so greedy output with speculation equals output without."""
+    r = chain_verify_and_decode(name, seed=10)
+    verify, decode, pool, req_to_token, reqs, prefix_lens, n, q, k, v = (
+        r.verify, r.decode, r.pool, r.req_to_token, r.reqs, r.prefix_lens, r.n, r.q, r.k, r.v)
     err = float((verify - decode).abs().max())
     assert err < 1e-5, f"{name}: chain verify vs sequential decode: max |diff| {err:.2e}"
 
@@ -229,30 +239,7 @@ def test_chain_verify_bitwise_equals_decode_in_batch_invariant_mode(name, batch_
     """With `--enable-deterministic-inference` every verify row attends alone, as a batch-1 decode step of that
     token: the outputs are bitwise those of the decode steps, even when decode runs 3 requests of different lengths
     together (padded) and verify carries 4 drafts per request."""
-    gen = torch.Generator().manual_seed(11)
-    backend, pool, req_to_token = make_backend(name, gen)
-    reqs, prefix_lens, n = [3, 0, 4], [50, 7, 101], 4
-    fill_prefix(pool, req_to_token, reqs, prefix_lens, gen)
-    t = n * len(reqs)
-    q = torch.randn(t, H_KV * GROUP, DIM, generator=gen)
-    k = torch.randn(t, H_KV, DIM, generator=gen)
-    v = torch.randn(t, H_KV, DIM, generator=gen)
-    lens = torch.tensor(prefix_lens)
-    out_loc = torch.cat([req_to_token[r, lp : lp + n] for r, lp in zip(reqs, prefix_lens, strict=True)])
-    fb = SimpleNamespace(forward_mode=compat.ForwardMode.TARGET_VERIFY, req_pool_indices=torch.tensor(reqs),
-                         out_cache_loc=out_loc, seq_lens=lens, seq_lens_cpu=lens,
-                         spec_info=SimpleNamespace(num_tokens_per_req=n, custom_mask=None))  # fmt: skip
-    backend.init_forward_metadata(fb)
-    verify = backend.forward_extend(q.view(t, -1), k.view(t, -1), v.view(t, -1), LAYER, fb).view(t, -1, DIM)
-    decode = torch.empty_like(verify)
-    for j in range(n):
-        rows = torch.arange(len(reqs)) * n + j
-        step_lens = lens + j + 1
-        fb = SimpleNamespace(forward_mode=compat.ForwardMode.DECODE, req_pool_indices=torch.tensor(reqs),
-                             seq_lens=step_lens, seq_lens_cpu=step_lens, out_cache_loc=out_loc[rows])  # fmt: skip
-        backend.init_forward_metadata(fb)
-        o = backend.forward_decode(q[rows].view(len(reqs), -1), k[rows].view(len(reqs), -1),
-                                   v[rows].view(len(reqs), -1), LAYER, fb)  # fmt: skip
-        decode[rows] = o.view(len(reqs), -1, DIM)
+    r = chain_verify_and_decode(name, seed=11)
+    verify, decode = r.verify, r.decode
     differing = int((verify != decode).sum())
     assert differing == 0, f"{name}: {differing} verify outputs differ from decode's in the last bits"
