@@ -58,6 +58,31 @@ def check_step_slots(out_cache_loc: torch.Tensor, table: torch.Tensor, lengths: 
                            "(seq_len + branch * num_steps + step); SGLang's draft slot assignment changed")
 
 
+class DraftStepSlots:
+    """The step-slot table of one draft step backend (mixed into both step backends below): planned per decode
+    batch in init_forward_metadata, checked against the worker's out_cache_loc on the step's first layer."""
+
+    def init_step_slots(self, topk: int, num_steps: int, step: int) -> None:
+        self.topk, self.num_steps, self.step = topk, num_steps, step
+        self.table = self.lengths = None
+        self.slots_checked = True
+
+    def plan_step_slots(self, forward_batch) -> bool:
+        """Build the table for a decode batch; False (nothing planned) for any other mode."""
+        if not forward_batch.forward_mode.is_decode():
+            return False
+        self.table, self.lengths = draft_step_slots(
+            self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices.tolist(),
+            forward_batch.seq_lens.tolist(), self.topk, self.num_steps, self.step)
+        self.slots_checked = False
+        return True
+
+    def check_step_slots_once(self, forward_batch) -> None:
+        if not self.slots_checked:  # once per step: the first layer's call
+            check_step_slots(forward_batch.out_cache_loc, self.table, self.lengths)
+            self.slots_checked = True
+
+
 def _draft_step_backend_cls():
     """TorchNativeAttnBackend whose decode attends to seq_len + step + 1 keys (built lazily: SGLang's class is
     importable only once the platform is chosen)."""
@@ -65,25 +90,17 @@ def _draft_step_backend_cls():
     if _step_cls is not None:
         return _step_cls
 
-    class TorchNativeDraftStepBackend(compat.TorchNativeAttnBackend):
+    class TorchNativeDraftStepBackend(DraftStepSlots, compat.TorchNativeAttnBackend):
         def __init__(self, model_runner, topk: int, num_steps: int, step: int):
             super().__init__(model_runner)
-            self.topk, self.num_steps, self.step = topk, num_steps, step
-            self.table = self.lengths = None
-            self.slots_checked = True
+            self.init_step_slots(topk, num_steps, step)
 
         def init_forward_metadata(self, forward_batch):
             super().init_forward_metadata(forward_batch)
-            if forward_batch.forward_mode.is_decode():
-                self.table, self.lengths = draft_step_slots(
-                    self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices.tolist(),
-                    forward_batch.seq_lens.tolist(), self.topk, self.num_steps, self.step)
-                self.slots_checked = False
+            self.plan_step_slots(forward_batch)
 
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-            if not self.slots_checked:  # once per step: the first layer's call
-                check_step_slots(forward_batch.out_cache_loc, self.table, self.lengths)
-                self.slots_checked = True
+            self.check_step_slots_once(forward_batch)
             if save_kv_cache and k is not None and v is not None:
                 self.token_to_kv_pool.set_kv_buffer(
                     layer, compat.KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v)
@@ -110,27 +127,19 @@ def _compressed_draft_step_backend_cls():
     from sglang_ext.kvcache.batched_attention import pad_batch
     from sglang_ext.kvcache.torch_backend import CompressedTorchNativeAttnBackend
 
-    class CompressedTorchNativeDraftStepBackend(CompressedTorchNativeAttnBackend):
+    class CompressedTorchNativeDraftStepBackend(DraftStepSlots, CompressedTorchNativeAttnBackend):
         def __init__(self, model_runner, topk: int, num_steps: int, step: int):
             super().__init__(model_runner)
-            self.topk, self.num_steps, self.step = topk, num_steps, step
-            self.table = self.lengths = None
-            self.slots_checked = True
+            self.init_step_slots(topk, num_steps, step)
 
         def init_forward_metadata(self, forward_batch):
             super().init_forward_metadata(forward_batch)
-            if forward_batch.forward_mode.is_decode():
-                table, lengths = draft_step_slots(
-                    self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices.tolist(),
-                    forward_batch.seq_lens.tolist(), self.topk, self.num_steps, self.step)
-                self.plan = plan_decode(table, list(range(len(lengths))), lengths)
+            if self.plan_step_slots(forward_batch):
+                self.plan = plan_decode(self.table, list(range(len(self.lengths))), self.lengths)
                 self.padded = pad_batch(self.plan, new_tokens=False)
-                self.table, self.lengths, self.slots_checked = table, lengths, False
 
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-            if not self.slots_checked:  # once per step: the first layer's call
-                check_step_slots(forward_batch.out_cache_loc, self.table, self.lengths)
-                self.slots_checked = True
+            self.check_step_slots_once(forward_batch)
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
 
     _compressed_step_cls = CompressedTorchNativeDraftStepBackend
