@@ -122,7 +122,7 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     finally:
         hook.remove()
     hidden = torch.cat(captured, dim=1)  # [B, width + steps - 1, H]: every token but the last generated one
-    greedy = model.lm_head(hidden).argmax(-1)
+    greedy = model.lm_head(hidden.to(model.lm_head.weight.dtype)).argmax(-1)
     sequences = []
     for i, p in enumerate(prompt_ids):
         continuation = out[i, width:].tolist()

@@ -5,12 +5,13 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from sglang_ext.models.__main__ import main
 from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_mtp_weights
 from sglang_ext.models.draft_corpus import generate
-from sglang_ext.models.train_draft import DraftTrainConfig, load_base, train_draft
+from sglang_ext.models.train_draft import DraftTrainConfig, corpus_batch, load_base, train_draft
 
 
 def test_tiny_training_run_lowers_the_loss_and_writes_a_measured_checkpoint(model_dir, tmp_path):
@@ -62,3 +63,14 @@ def test_missing_model_tells_to_prepare(tmp_path, capsys):
     assert main(["train-draft", "--base", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 2
     assert "python -m sglang_ext.models prepare" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_corpus_batches_walk_the_pool_then_wrap_around_sampled():
+    config = DraftTrainConfig(corpus_batch_prompts=4)
+    schedule = [corpus_batch(i, 10, config) for i in range(5)]
+    assert [idx for idx, _ in schedule] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1], [2, 3, 4, 5], [6, 7, 8, 9]]
+    assert [t for _, t in schedule] == [0.0, config.sample_temperature] + [config.sample_temperature] * 3
+    assert DraftTrainConfig(corpus_dtype="float32").resolved_corpus_dtype() == torch.float32
+    assert DraftTrainConfig(corpus_dtype="auto").resolved_corpus_dtype() in (torch.float32, torch.bfloat16)
+    with pytest.raises(ValueError, match="corpus_dtype"):
+        DraftTrainConfig(corpus_dtype="float16")
