@@ -1,6 +1,7 @@
 """NEXTN over each KV format against the plain server of the same format, on the portable CPU platform.
 
-    python benchmarks/spec_kv.py [--kv auto int8 octave_k3v4 octave_k3v3] [--deterministic] [--draft DIR] [--out F]
+    python benchmarks/spec_kv.py [--kv auto int8 octave_k3v4 octave_k3v3] [--deterministic] [--draft DIR]
+                                 [--prompts tests|heldout] [--batch B] [--algorithm NEXTN|NGRAM] [--out F]
 
 Per KV format: a plain server, then a NEXTN server (fixed-seed MTP layer, or --draft DIR, a trained one; 3 steps,
 topk 1, 4 draft tokens), one
@@ -11,6 +12,12 @@ server's meta_info, and the 1-minute load average before and after. --determinis
 model NEXTN verifies with. Printed per format: prompts with identical
 output, identical tokens (position by position), accept length (completion tokens / verify steps) and tokens/s
 (completion tokens / e2e latency, prefill included) for plain and NEXTN.
+
+--prompts heldout: instead, the 16 held-out prompts train-draft measures its simulated acceptance on (chat
+template, token ids), up to 128 greedy tokens each, stopping at the end token as the simulation does: the
+server's accept length on the simulation's own prompts. --batch B: B prompts per /generate call (scheduled
+together; the list is cycled to fill a batch), tokens/s = completion tokens / wall time of the calls.
+--algorithm NGRAM: the NGRAM drafter (no draft model, 4 draft tokens) instead of NEXTN.
 """
 
 from __future__ import annotations
@@ -20,11 +27,14 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server import ServerProcess  # noqa: E402
-from spec.test_spec_serving import BASE_ARGS, greedy_outputs, nextn_args  # noqa: E402
+from spec.test_spec_serving import BASE_ARGS, NEW_TOKENS, NGRAM_ARGS, PROMPTS, nextn_args  # noqa: E402
 
 from sglang_ext.models import prepare  # noqa: E402
 from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, write_mtp_checkpoint  # noqa: E402
@@ -34,16 +44,47 @@ from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, write_mtp_c
 WATCHDOG = ("--watchdog-timeout", "3600")
 
 
-def run_server(model: str, args: list[str], name: str) -> dict:
+def prompt_set(name: str, model: str) -> tuple[list[dict], int, bool]:
+    """(request inputs, new tokens, ignore_eos) of a prompt set."""
+    if name == "tests":
+        return [{"text": p} for p in PROMPTS], NEW_TOKENS, True
+    from transformers import AutoTokenizer
+
+    from sglang_ext.models.draft_corpus import HELDOUT_TOPICS, prompts
+    from sglang_ext.models.train_draft import DraftTrainConfig
+
+    config = DraftTrainConfig()
+    ids = prompts(HELDOUT_TOPICS, AutoTokenizer.from_pretrained(model), config.heldout_prompts, config.seed)
+    return [{"input_ids": i} for i in ids], config.new_tokens, False
+
+
+def greedy_batches(server, inputs: list[dict], new_tokens: int, ignore_eos: bool, batch: int) -> list[dict]:
+    """Every input once (cycled to fill the last batch), `batch` per /generate call; each output gets the wall
+    time of its call."""
+    outs = []
+    for start in range(0, len(inputs), batch):
+        chunk = [inputs[(start + j) % len(inputs)] for j in range(batch)]
+        key = "text" if "text" in chunk[0] else "input_ids"
+        body = {key: [c[key] for c in chunk], "sampling_params": {
+            "max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": ignore_eos}}
+        t0 = time.monotonic()
+        r = requests.post(f"{server.url}/generate", json=body, timeout=3600)
+        r.raise_for_status()
+        wall = time.monotonic() - t0
+        outs += [{**o, "wall": wall, "call": start // batch} for o in r.json()]
+    return outs
+
+
+def run_server(model: str, args: list[str], name: str, inputs, new_tokens, ignore_eos, batch) -> dict:
     server = ServerProcess(model, args, name=name).start()
     try:
         load_before = os.getloadavg()[0]
-        outs = greedy_outputs(server)
+        outs = greedy_batches(server, inputs, new_tokens, ignore_eos, batch)
         load_after = os.getloadavg()[0]
     finally:
         server.stop()
-    return {"load1_before": load_before, "load1_after": load_after,
-            "requests": [{"ids": o["output_ids"],
+    return {"load1_before": load_before, "load1_after": load_after, "batch": batch,
+            "requests": [{"ids": o["output_ids"], "wall": o["wall"], "call": o["call"],
                           **{k: o["meta_info"].get(k) for k in ("completion_tokens", "spec_verify_ct", "e2e_latency")}}
                          for o in outs]}
 
@@ -55,8 +96,9 @@ def summarise(kv: str, plain: dict, nextn: dict) -> dict:
     completion = sum(n["completion_tokens"] for _, n in pairs)
     verify = sum(n["spec_verify_ct"] for _, n in pairs)
 
-    def tok_s(reqs):
-        return sum(r["completion_tokens"] for r in reqs) / sum(r["e2e_latency"] for r in reqs)
+    def tok_s(reqs):  # completion tokens over the wall time of the calls (each call counted once)
+        walls = {r["call"]: r["wall"] for r in reqs}
+        return sum(r["completion_tokens"] for r in reqs) / sum(walls.values())
 
     return {"kv": kv, "prompts_identical": sum(p["ids"] == n["ids"] for p, n in pairs), "prompts": len(pairs),
             "tokens_identical": same_tokens, "tokens": tokens, "accept_length": completion / verify,
@@ -69,6 +111,9 @@ def main() -> None:
     ap.add_argument("--kv", nargs="+", default=["auto", "int8", "octave_k3v4", "octave_k3v3"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--deterministic", action="store_true", help="both servers with --enable-deterministic-inference")
+    ap.add_argument("--prompts", choices=["tests", "heldout"], default="tests")
+    ap.add_argument("--batch", type=int, default=1, help="prompts per /generate call")
+    ap.add_argument("--algorithm", choices=["NEXTN", "NGRAM"], default="NEXTN")
     ap.add_argument("--draft", default=None, help="a trained MTP folder (train-draft's output); default: the "
                     "fixed-seed untrained layer")
     args = ap.parse_args()
@@ -78,14 +123,18 @@ def main() -> None:
     else:
         mtp = Path(tempfile.mkdtemp(prefix="spec-kv-")) / "smollm2-mtp"
         write_mtp_checkpoint(model, mtp, fixed_seed_mtp_weights(model, seed=0))
+    inputs, new_tokens, ignore_eos = prompt_set(args.prompts, model)
+    serve = (inputs, new_tokens, ignore_eos, args.batch)
+    spec_args = nextn_args(str(mtp)) if args.algorithm == "NEXTN" else NGRAM_ARGS
     results = []
     mode = ["--enable-deterministic-inference"] if args.deterministic else []
     plain_model = str(mtp) if args.deterministic else model
     for kv in args.kv:
         kv_args = ["--kv-cache-dtype", kv, *mode]
-        plain = run_server(plain_model, [*BASE_ARGS, *WATCHDOG, *kv_args], f"bench-plain-{kv}")
-        nextn = run_server(model, [*BASE_ARGS, *WATCHDOG, *kv_args, *nextn_args(str(mtp))], f"bench-nextn-{kv}")
+        plain = run_server(plain_model, [*BASE_ARGS, *WATCHDOG, *kv_args], f"bench-plain-{kv}", *serve)
+        nextn = run_server(model, [*BASE_ARGS, *WATCHDOG, *kv_args, *spec_args], f"bench-spec-{kv}", *serve)
         results.append({"summary": summarise(kv, plain, nextn), "deterministic": args.deterministic,
+                        "prompts": args.prompts, "batch": args.batch, "algorithm": args.algorithm,
                         "plain": plain, "nextn": nextn})
         s = results[-1]["summary"]
         print(f"| {kv} | {s['prompts_identical']}/{s['prompts']} | {s['tokens_identical']}/{s['tokens']} "
