@@ -162,9 +162,11 @@ def level_decode(x: torch.Tensor, dot_bf16: bool, requested: int | None) -> int:
 
 
 I8_FLOAT32, I8_F16_BOTH, I8_F16_V = 0, 1, 2  # int8 conversion modes (tiles.kv_block's I8_F16)
-# the fp16 mode by head_dim, measured on an H200 at batch 8 x 32k (docs/benchmarks/kernels.md, round 5): d256
-# 229 -> 201 us with K's conversion after the shared-memory trip; d128 241 -> 258 us, so it keeps both before
-DEFAULT_I8_F16 = {128: I8_F16_BOTH, 256: I8_F16_V}
+# the fp16 mode by head_dim, measured on an H200 at batch 8 x 32k with both modes alternated 9 times in each of
+# two processes (benchmarks/kernels_alternate.py; docs/benchmarks/kernels.md, round 7): K's conversion after the
+# shared-memory trip, median d128 237 -> 210 us, d256 229 -> 201 us (round 5's single d128 timing of 258 us for
+# it did not repeat). Other head_dims were not measured: both conversions before the trip.
+DEFAULT_I8_F16 = {128: I8_F16_V, 256: I8_F16_V}
 
 
 def int8_f16_dots(kind: int, x: torch.Tensor, dot_bf16: bool, requested: int | None) -> int:

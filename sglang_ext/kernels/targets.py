@@ -66,7 +66,8 @@ def _variants():
                 stride_mo_h=i32, stride_mo_s=i32, stride_ml_b=i32, stride_ml_h=i32,
                 FMT=C(fmt), GROUP=C(8), BLOCK_H=C(16), BLOCK_N=C(decode.default_block_n(fmt, d)), MIN_BLOCK=C(32),
                 K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx),
-                I8_F16=C({"cuda": fmt == 1, "hip": False})), {"num_warps": 4}))
+                I8_F16=C({"cuda": decode.DEFAULT_I8_F16.get(d, decode.I8_F16_BOTH) if fmt == 1 else decode.I8_FLOAT32,
+                           "hip": decode.I8_FLOAT32})), {"num_warps": 4}))
             # the causal extend everywhere; speculative verify (SGLang's custom tree mask, the new tokens read
             # back from the pool at new_slots) for one format
             for mask in (False, True) if name == "octave_k3v4" and d == 128 else (False,):
