@@ -82,12 +82,95 @@ def test_extend_matches_reference(name, head_dim, rotary_dim, h_kv, group, page_
         o = torch.full((t, h_kv * group, head_dim), float("nan"), dtype=torch.float32, device=device)
         extend_attention(fmt, q, ke, ve, o, planes, qo, kvp, flat.to(device=device, dtype=torch.int32), max(ext),
                          head_dim ** -0.5, is_causal=causal, page_size=page_size, block_m=16, block_n=16,
-                         dot_bf16=False)
+                         dot_bf16=False, prefix_scratch=False)  # the direct kernel (the rule would pick the scratch)
         ref = reference.extend_attention(fmt, q, ke, ve, planes, qo, kvp, flat.to(device), head_dim ** -0.5,
                                          is_causal=causal)
         assert not torch.isnan(o).any(), "extend left output elements unwritten"
         err = (o - ref).abs().max().item()
         assert err < 1e-4, f"{name} causal={causal}: differs from the reference by {err}"
+
+
+def _spy_dequant(monkeypatch):
+    """Records each dequantize_rotated call made by extend_attention (KV-head base, heads), calling through."""
+    from sglang_ext.kernels import extend as extend_mod
+
+    calls = []
+    real = extend_mod.dequantize_rotated
+
+    def spy(fmt, planes, loc, k_out, v_out, head_base=0, **kw):
+        calls.append((head_base, k_out.shape[1]))
+        return real(fmt, planes, loc, k_out, v_out, head_base=head_base, **kw)
+
+    monkeypatch.setattr(extend_mod, "dequantize_rotated", spy)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["int8", "octave_k3v4", "octave_k3v3"])
+@pytest.mark.parametrize("head_dim,rotary_dim,h_kv,group", CASES)
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_extend_prefix_scratch_matches_reference(name, head_dim, rotary_dim, h_kv, group, page_size, device,
+                                                 monkeypatch):
+    # The prefix dequantized once into a scratch in the attention basis, then the FMT 0 kernel over it; chosen
+    # by the launcher's rule here (2 query blocks of 16), which the spy confirms. kv_indices carries padding
+    # past kv_indptr[B] (as SGLang's over-allocated buffer can): never read, since the row count comes from
+    # kv_indptr on the device.
+    calls = _spy_dequant(monkeypatch)
+    fmt = get_format(name, head_dim, rotary_dim)
+    gen = torch.Generator().manual_seed(head_dim * 5 + page_size)
+    prefix, ext = [37, 0, 20], [5, 19, 1]
+    planes, flat = _pool(fmt, prefix, page_size, h_kv, gen, device)
+    t = sum(ext)
+    q = torch.randn(t, h_kv * group, head_dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+    ke = torch.randn(t, h_kv, head_dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+    ve = torch.randn(t, h_kv, head_dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+    qo, kvp = indptr(ext, device), indptr(prefix, device)
+    padded = torch.cat([flat, torch.full((7,), 1 << 40, dtype=torch.int64)]).to(device)  # out of range if read
+    o = torch.full((t, h_kv * group, head_dim), float("nan"), dtype=torch.float32, device=device)
+    extend_attention(fmt, q, ke, ve, o, planes, qo, kvp, padded, max(ext), head_dim ** -0.5, page_size=page_size,
+                     block_m=16, block_n=16, dot_bf16=False)
+    assert calls == [(0, h_kv)], f"the rule did not take the prefix scratch (dequant calls {calls})"
+    ref = reference.extend_attention(fmt, q, ke, ve, planes, qo, kvp, flat.to(device), head_dim ** -0.5)
+    assert not torch.isnan(o).any(), "extend left output elements unwritten"
+    err = (o - ref).abs().max().item()
+    assert err < 1e-4, f"{name}: prefix-scratch extend differs from the reference by {err}"
+
+
+def test_extend_prefix_scratch_rule_and_head_chunks(device, monkeypatch):
+    from sglang_ext.kernels.extend import scratch_plan
+    from sglang_ext.kernels.tables import FMT_BF16, FMT_INT8, FMT_OCTAVE
+
+    # the rule: compressed formats, >= 2 query blocks, not verify, within the budget (per KV head: rows x D x
+    # bytes x 2); over budget, KV heads in chunks; one head over budget: the direct kernel
+    assert scratch_plan(FMT_OCTAVE, 32768, 8, 128, 4096, 32, 2, False) == [(0, 8)]
+    assert scratch_plan(FMT_INT8, 32768, 8, 128, 4096, 32, 2, False) == [(0, 8)]
+    assert scratch_plan(FMT_BF16, 32768, 8, 128, 4096, 32, 2, False) is None
+    assert scratch_plan(FMT_OCTAVE, 32768, 8, 128, 32, 32, 2, False) is None  # one query block
+    assert scratch_plan(FMT_OCTAVE, 32768, 8, 128, 32, 32, 2, False, force=True) == [(0, 8)]
+    assert scratch_plan(FMT_OCTAVE, 32768, 8, 128, 4096, 32, 2, True) is None  # verify
+    assert scratch_plan(FMT_OCTAVE, 131072, 8, 128, 4096, 32, 2, False) == [(0, 4), (4, 8)]  # 512 MiB
+    assert scratch_plan(FMT_OCTAVE, 163840, 8, 128, 4096, 32, 2, False) == [(0, 3), (3, 6), (6, 8)]  # 80 MiB a head
+    assert scratch_plan(FMT_OCTAVE, 2 ** 19 + 1, 8, 128, 4096, 32, 2, False) is None  # one head > 256 MiB
+    # head chunks end to end: a budget of one KV head's scratch (2 heads, d64, float32)
+    calls = _spy_dequant(monkeypatch)
+    fmt = get_format("octave_k3v4", 64)
+    gen = torch.Generator().manual_seed(2)
+    prefix, ext = [37, 20], [19, 3]
+    planes, flat = _pool(fmt, prefix, 1, 2, gen, device)
+    t = sum(ext)
+    q = torch.randn(t, 6, 64, generator=gen).to(device)
+    ke = torch.randn(t, 2, 64, generator=gen).to(device)
+    ve = torch.randn(t, 2, 64, generator=gen).to(device)
+    qo, kvp = indptr(ext, device), indptr(prefix, device)
+    ref = reference.extend_attention(fmt, q, ke, ve, planes, qo, kvp, flat.to(device), 0.125)
+    for budget, want in ((57 * 64 * 4 * 2, [(0, 1), (1, 1)]), (57 * 64 * 4 * 2 - 1, [])):
+        calls.clear()
+        o = torch.full((t, 6, 64), float("nan"), dtype=torch.float32, device=device)
+        extend_attention(fmt, q, ke, ve, o, planes, qo, kvp, flat.to(device), max(ext), 0.125, block_m=16,
+                         block_n=16, dot_bf16=False, scratch_bytes=budget)
+        assert calls == want, (budget, calls)
+        assert not torch.isnan(o).any(), "extend left output elements unwritten"
+        err = (o - ref).abs().max().item()
+        assert err < 1e-4, f"budget {budget}: differs from the reference by {err}"
 
 
 @pytest.mark.parametrize("name", ["int8", "octave_k3v4", "octave_k3v3"])
