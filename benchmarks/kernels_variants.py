@@ -238,6 +238,14 @@ def main():
                     print(f"extend d{d} {name} scratch dequant alone: {t * 1e3:.1f} us "
                           f"{moved / (t * 1e-3) / 1e12:.2f} TB/s", flush=True)
                     del k_s, v_s
+                if args.extend_scratch and name == "bf16":  # the same kernel with float32 q / k / v / o
+                    q32, k32, v32, o32 = qe.float(), ke.float(), ve.float(), oe.float()
+                    t = bench(lambda: kernels.extend_attention(f, q32, k32, v32, o32, planes, qo, kvp, idx[:prefix],
+                                                               new, sm), rep=200)
+                    res["extend"].append({"kernel": name, "head_dim": d, "float32_io": True, "ms": t,
+                                          "ratio": t / t_sgl})
+                    print(f"extend d{d} bf16 float32 q/k/v/o: {t:.2f} ms {t / t_sgl:.2f}x sglang", flush=True)
+                    del q32, k32, v32, o32
                 for var in extend_variants_for(name, d, args):
                     try:
                         t = bench(lambda: kernels.extend_attention(f, qe, ke, ve, oe, planes, qo, kvp, idx[:prefix],

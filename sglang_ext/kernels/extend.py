@@ -225,13 +225,18 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
         return o_extend
     dev = q_extend.device
     kind, k_n4, v_n4 = layout(fmt)
+    bf16_dots = use_bf16_dots(q_extend, dot_bf16)
     q_in, k_in, v_in = q_extend, k_extend, v_extend
     if fmt.rotated:
         f32 = torch.float32
-        q_in = rotate_rows(q_extend, torch.empty(q_extend.shape, dtype=f32, device=dev), rotation.K_TENSOR, False)
+        # the rotated q / k / v only ever reach the dots, so with bf16 dot operands they are stored in bf16 (the
+        # kernel would round them to bf16 anyway: same values, half the bytes; float32 copies cost the scratch
+        # path 15 % at d128, docs/benchmarks/kernels.md round 6); the output stays float32 for its un-rotation
+        rot = torch.bfloat16 if bf16_dots else f32
+        q_in = rotate_rows(q_extend, torch.empty(q_extend.shape, dtype=rot, device=dev), rotation.K_TENSOR, False)
         if new_slots is None:  # else the new tokens come from the planes, already rotated
-            k_in = rotate_rows(k_extend, torch.empty(k_extend.shape, dtype=f32, device=dev), rotation.K_TENSOR, False)
-            v_in = rotate_rows(v_extend, torch.empty(v_extend.shape, dtype=f32, device=dev), rotation.V_TENSOR, False)
+            k_in = rotate_rows(k_extend, torch.empty(k_extend.shape, dtype=rot, device=dev), rotation.K_TENSOR, False)
+            v_in = rotate_rows(v_extend, torch.empty(v_extend.shape, dtype=rot, device=dev), rotation.V_TENSOR, False)
         out = torch.empty(q_extend.shape, dtype=f32, device=dev)
     else:
         out = o_extend
@@ -242,7 +247,6 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
         block_m = max(1, ROWS_PER_PROGRAM[d] // block_g)
     if block_n is None:
         block_n = BLOCK_N[d]
-    bf16_dots = use_bf16_dots(q_extend, dot_bf16)
     launch_opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     use_mask = custom_mask is not None
     mask_bits = custom_mask.view(torch.uint8) if use_mask else qo_indptr

@@ -90,6 +90,11 @@ def test_extend_matches_reference(name, head_dim, rotary_dim, h_kv, group, page_
         assert err < 1e-4, f"{name} causal={causal}: differs from the reference by {err}"
 
 
+def _f32_tol(device):
+    """dot_bf16=False: float32 dots, exact under the interpreter; on a GPU Triton runs them in tf32."""
+    return 1e-4 if device == "cpu" else 4e-3
+
+
 def _spy_dequant(monkeypatch):
     """Records each dequantize_rotated call made by extend_attention (KV-head base, heads), calling through."""
     from sglang_ext.kernels import extend as extend_mod
@@ -132,7 +137,7 @@ def test_extend_prefix_scratch_matches_reference(name, head_dim, rotary_dim, h_k
     ref = reference.extend_attention(fmt, q, ke, ve, planes, qo, kvp, flat.to(device), head_dim ** -0.5)
     assert not torch.isnan(o).any(), "extend left output elements unwritten"
     err = (o - ref).abs().max().item()
-    assert err < 1e-4, f"{name}: prefix-scratch extend differs from the reference by {err}"
+    assert err < _f32_tol(device), f"{name}: prefix-scratch extend differs from the reference by {err}"
 
 
 def test_extend_prefix_scratch_rule_and_head_chunks(device, monkeypatch):
@@ -170,7 +175,7 @@ def test_extend_prefix_scratch_rule_and_head_chunks(device, monkeypatch):
         assert calls == want, (budget, calls)
         assert not torch.isnan(o).any(), "extend left output elements unwritten"
         err = (o - ref).abs().max().item()
-        assert err < 1e-4, f"budget {budget}: differs from the reference by {err}"
+        assert err < _f32_tol(device), f"budget {budget}: differs from the reference by {err}"
 
 
 @pytest.mark.parametrize("name", ["int8", "octave_k3v4", "octave_k3v3"])
