@@ -9,6 +9,9 @@ per program, block_n, num_warps) unless --skip-extend. Every variant is first ch
 reference (kvformats.reference) at a small ragged shape on stored K/V; timing pools hold random codes and
 scales (the kernels' work does not depend on the values). Also, unless --skip-store: store kernel vs the CPU
 reference quantizer, bit for bit, and its time for 4096 tokens.
+--extend-scratch (round 6): extend at the launcher's default sizes, each compressed format through the direct
+kernel and through the prefix scratch (extend.py), plus the scratch's dequantization alone;
+--decode-only 128:int8,...: time decode only for these head_dim:format pairs (SGLang's decode is always timed).
 Writes variants.json; prints one line per measurement.
 """
 
@@ -34,6 +37,7 @@ from kernels_sglang_baseline import SGLangTritonDecode, sglang_extend  # noqa: E
 
 from sglang_ext import kernels  # noqa: E402
 from sglang_ext.kernels import decode as dec  # noqa: E402
+from sglang_ext.kernels.dequant import dequantize_rotated  # noqa: E402
 from sglang_ext.kvformats import get_format, reference  # noqa: E402
 
 DECODE_VARIANTS = {
@@ -47,6 +51,10 @@ DECODE_VARIANTS = {
              dict(block_n=128, int8_f16=2, num_stages=1, maxnreg=128), dict(block_n=128, num_stages=1, maxnreg=96),
              dict(block_n=64, maxnreg=128), dict(block_n=64, int8_f16=2, maxnreg=128),
              dict(block_n=128, int8_f16=2, num_stages=1)],
+    # round 6 (int8 d128): a register cap with the default two-stage prefetch kept, and more splits
+    "int8-r6": [dict(block_n=128), dict(block_n=128, maxnreg=128, num_stages=2),
+                dict(block_n=128, int8_f16=2, maxnreg=128, num_stages=2), dict(block_n=128, num_stages=2),
+                dict(block_n=128, max_kv_splits=32), dict(block_n=128, maxnreg=128, num_stages=3)],
     "octave": [dict(block_n=128, fill_waves=False), dict(block_n=128)],
 }
 EXTEND_VARIANTS = {
@@ -56,6 +64,26 @@ EXTEND_VARIANTS = {
           dict(block_m=16, block_n=64, num_warps=8, num_stages=1), dict(block_m=32, block_n=32, num_warps=8,
                                                                           num_stages=1)],
 }
+
+
+# round 6: the launcher's default sizes, the prefix through the direct kernel and through the scratch
+EXTEND_SCRATCH_VARIANTS = [dict(prefix_scratch=False), dict(prefix_scratch=True)]
+
+
+def extend_variants_for(name, d, args):
+    if args.skip_extend:
+        return []
+    if args.extend_scratch:
+        return [dict()] if name == "bf16" else EXTEND_SCRATCH_VARIANTS
+    return EXTEND_VARIANTS[d]
+
+
+def decode_variants_for(name, d, args):
+    if args.decode_only and f"{d}:{name}" not in args.decode_only.split(","):
+        return []
+    if args.int8_r6 and name == "int8":
+        return DECODE_VARIANTS["int8-r6"]
+    return DECODE_VARIANTS["octave" if name.startswith("octave") else name]
 
 
 def bench(fn, rep=60):
@@ -94,6 +122,8 @@ def small_check(fmt, cfg, device, gen, variants, extend_variants):
     ve = torch.randn(ext_new, hkv, d, device=device, generator=gen).to(torch.bfloat16)
     # request 0: no new tokens; request 1: 300 new tokens over 2100 prefix slots
     eref = reference.extend_attention(fmt, qe, ke, ve, planes, qo, kvp, slots[:2600], d ** -0.5)
+    if dict(prefix_scratch=True) in extend_variants:  # also the scratch taken two KV heads at a time
+        extend_variants = extend_variants + [dict(prefix_scratch=True, scratch_bytes=2600 * d * 2 * 2 * 2)]
     for var in extend_variants:
         o = torch.full(qe.shape, float("nan"), dtype=torch.bfloat16, device=device)
         try:
@@ -124,6 +154,9 @@ def main():
     ap.add_argument("--skip-extend", action="store_true")
     ap.add_argument("--skip-store", action="store_true")
     ap.add_argument("--formats", default="bf16,int8,octave_k3v4,octave_k3v3", help="our formats to time")
+    ap.add_argument("--extend-scratch", action="store_true", help="extend: direct vs prefix scratch (round 6)")
+    ap.add_argument("--decode-only", default="", help="head_dim:format pairs whose decode is timed (default all)")
+    ap.add_argument("--int8-r6", action="store_true", help="int8 decode: round 6's variant set")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -147,8 +180,8 @@ def main():
                 res["store"].append(store_exactness(f, hkv, device, gen))
                 print("store", json.dumps(res["store"][-1]), flush=True)
         for name, f in fmts.items():
-            vars_ = DECODE_VARIANTS["octave" if name.startswith("octave") else name]
-            ext_vars = [] if args.skip_extend else EXTEND_VARIANTS[d]
+            vars_ = decode_variants_for(name, d, args)
+            ext_vars = extend_variants_for(name, d, args)
             errs = small_check(f, cfg, device, gen, vars_, ext_vars)
             res["checks"].append({"format": name, "head_dim": d, "rel_err_vs_reference": errs})
             print(f"check d{d} {name}: " + " ".join(f"{k}={v:.1e}" for k, v in errs.items()), flush=True)
@@ -168,7 +201,7 @@ def main():
         print(f"decode d{d} sglang-bf16 {t_sgl * 1e3:.0f} us", flush=True)
         for name, f in fmts.items():
             planes = {"k": kb, "v": vb} if name == "bf16" else random_planes(f, tokens, hkv, device, gen)
-            for var in DECODE_VARIANTS["octave" if name.startswith("octave") else name]:
+            for var in decode_variants_for(name, d, args):
                 check = next(c for c in res["checks"] if c["format"] == name and c["head_dim"] == d)
                 if not check["rel_err_vs_reference"][json.dumps(var)] < 2e-2:
                     print(f"decode d{d} {name} {var}: not timed (failed or erred in the check)", flush=True)
@@ -194,7 +227,26 @@ def main():
             for name, f in fmts.items():
                 planes = {"k": kb[:prefix], "v": vb[:prefix]} if name == "bf16" else \
                     random_planes(f, prefix, hkv, device, gen)
-                for var in EXTEND_VARIANTS[d]:
+                if args.extend_scratch and name != "bf16":
+                    k_s = torch.empty(prefix, hkv, d, dtype=torch.bfloat16, device=device)
+                    v_s = torch.empty_like(k_s)
+                    lim = kvp[1:]
+                    t = bench(lambda: dequantize_rotated(f, planes, idx[:prefix], k_s, v_s, limit=lim), rep=100)
+                    moved = prefix * hkv * (f.bytes_per_token_head + 4 * d)  # codes + scales in, bf16 K/V out
+                    res["extend"].append({"kernel": name, "head_dim": d, "dequant_only": True, "ms": t,
+                                          "TBps": moved / (t * 1e-3) / 1e12})
+                    print(f"extend d{d} {name} scratch dequant alone: {t * 1e3:.1f} us "
+                          f"{moved / (t * 1e-3) / 1e12:.2f} TB/s", flush=True)
+                    del k_s, v_s
+                if args.extend_scratch and name == "bf16":  # the same kernel with float32 q / k / v / o
+                    q32, k32, v32, o32 = qe.float(), ke.float(), ve.float(), oe.float()
+                    t = bench(lambda: kernels.extend_attention(f, q32, k32, v32, o32, planes, qo, kvp, idx[:prefix],
+                                                               new, sm), rep=200)
+                    res["extend"].append({"kernel": name, "head_dim": d, "float32_io": True, "ms": t,
+                                          "ratio": t / t_sgl})
+                    print(f"extend d{d} bf16 float32 q/k/v/o: {t:.2f} ms {t / t_sgl:.2f}x sglang", flush=True)
+                    del q32, k32, v32, o32
+                for var in extend_variants_for(name, d, args):
                     try:
                         t = bench(lambda: kernels.extend_attention(f, qe, ke, ve, oe, planes, qo, kvp, idx[:prefix],
                                                                    new, sm, **var), rep=200)

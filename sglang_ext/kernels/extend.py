@@ -7,6 +7,21 @@ as decode reads its current token, so that verify computes what sequential decod
 Octave: q, k_extend and v_extend are rotated once into the K / V bases, the kernel works in the rotated basis
 throughout, and the output is un-rotated once. Grid (batch, KV head, query block): a program owns block_m new
 tokens of all q heads of one KV head (GQA), so each prefix tile is decoded once for the whole group.
+
+Prefix scratch (compressed formats): the direct kernel decodes every prefix tile once per query block, i.e.
+max_len_extend / block_m times (128 times for 4096 new tokens at d128), and octave decoding is
+instruction-heavy. When `scratch_plan` says so, the launcher instead dequantizes the prefix once per call
+(dequant.dequantize_rotated: only the slots in kv_indices, up to kv_indptr[B] read on the device) into a
+transient buffer in the attention basis (K's rotated basis for K, V's for V; bf16 when the dots take bf16
+operands, else float32) and runs the same kernel with FMT 0 over it (kv_indices = positions in the buffer,
+kv_indptr unchanged). Rules (scratch_plan, all on the host, no device sync):
+- only for int8 / octave (SCRATCH_KINDS), never for speculative verify (new_slots / custom_mask: the direct
+  path), and only when each request may span >= SCRATCH_MIN_QUERY_BLOCKS query blocks (from max_len_extend);
+- bounded: the buffer holds kv_indices.shape[0] rows (the call's prefix tokens; never a whole layer) x KV
+  heads x head_dim for K and V, at most SCRATCH_BYTES (256 MiB). Above that the KV heads are taken in
+  chunks (heads are independent: no merge needed), each chunk's scratch reused; if one KV head's prefix
+  alone exceeds the budget, the direct kernel runs (SGLang may over-allocate kv_indices to B x the context
+  length when it lacks the CPU prefix lengths: that too falls to head chunks or the direct path).
 """
 
 from __future__ import annotations
@@ -16,8 +31,10 @@ import triton
 import triton.language as tl
 
 from ..kvformats import KVFormat, rotation
+from . import tables
 from .checks import check_planes
 from .decode import _tanh, attention_planes, layout, level_decode, use_bf16_dots
+from .dequant import dequantize_rotated
 from .rotate import rotate_rows
 from .tiles import accumulate, load_q_blocks, scores, store_blocks
 
@@ -25,6 +42,15 @@ from .tiles import accumulate, load_q_blocks, scores, store_blocks
 # tokens per iteration; measured on an H200, 4096 new tokens over a 32k prefix (benchmarks/kernels_variants.py)
 ROWS_PER_PROGRAM = {64: 256, 128: 256, 256: 128}
 BLOCK_N = {64: 64, 128: 64, 256: 32}
+
+# Prefix scratch (module docstring). 256 MiB: the bf16 K+V of a 32k-token prefix at 8 KV heads x d128 (or
+# 4 x d256) is 128 MiB, so the issue-3 shape fits whole and a 64k prefix still runs as one chunk; it is one
+# transient, reused layer after layer by the caching allocator, below a prefill's own activations at SGLang's
+# default chunked-prefill size (e.g. an 8k-token MLP intermediate of a 70B model is ~470 MB), and 0.2 % of an
+# H200's memory. Larger prefixes are taken a few KV heads at a time.
+SCRATCH_KINDS = (tables.FMT_INT8, tables.FMT_OCTAVE)
+SCRATCH_BYTES = 256 << 20
+SCRATCH_MIN_QUERY_BLOCKS = 2
 
 
 @triton.jit
@@ -132,6 +158,25 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v
                      1.0 / e_sum, NB)
 
 
+def scratch_plan(kind: int, prefix_rows: int, h_kv: int, head_dim: int, max_len_extend: int, block_m: int,
+                 elem_bytes: int, verify: bool, force: bool | None = None,
+                 budget: int | None = None) -> list[tuple[int, int]] | None:
+    """KV-head ranges [(h0, h1), ...] to run through the prefix scratch one after the other, or None for the
+    direct kernel (module docstring). prefix_rows: kv_indices.shape[0]; elem_bytes: 2 (bf16) or 4 (float32).
+    force: None = the rule; True = the scratch wherever it is allowed (compressed format, not verify, a
+    non-empty prefix, within the budget) whatever the query-block count; False = the direct kernel."""
+    budget = SCRATCH_BYTES if budget is None else budget
+    if force is False or verify or kind not in SCRATCH_KINDS or prefix_rows == 0:
+        return None
+    if force is None and triton.cdiv(max(int(max_len_extend), 1), block_m) < SCRATCH_MIN_QUERY_BLOCKS:
+        return None
+    per_head = prefix_rows * head_dim * elem_bytes * 2  # K and V
+    heads = min(h_kv, budget // per_head)
+    if heads == 0:
+        return None
+    return [(h0, min(h0 + heads, h_kv)) for h0 in range(0, h_kv, heads)]
+
+
 def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tensor, v_extend: torch.Tensor,
                      o_extend: torch.Tensor, planes: dict[str, torch.Tensor], qo_indptr: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, max_len_extend: int, sm_scale: float,
@@ -139,7 +184,8 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
                      block_m: int | None = None, block_n: int | None = None, dot_bf16: bool | None = None,
                      num_warps: int = 8, num_stages: int | None = None, lut: int | None = None,
                      custom_mask: torch.Tensor | None = None, mask_indptr: torch.Tensor | None = None,
-                     new_slots: torch.Tensor | None = None) -> torch.Tensor:
+                     new_slots: torch.Tensor | None = None, prefix_scratch: bool | None = None,
+                     scratch_bytes: int | None = None) -> torch.Tensor:
     """q_extend/o_extend [T, Hq, D], k_extend/v_extend [T, Hkv, D]; qo_indptr [B+1] over T; kv_indptr [B+1]
     and kv_indices: each request's prefix slots (token-level ids; page_size as in decode.py).
     max_len_extend must be >= every request's new-token count. dot_bf16, lut: as in decode_attention.
@@ -152,6 +198,8 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     new_slots [>= T] int (speculative verify): the new tokens' slots, already written by store_kv; the new tokens'
     K/V are then read from the planes there (through the format, as decode reads its current token) and
     k_extend / v_extend are not read.
+    prefix_scratch: None = scratch_plan's rule; True = the prefix scratch wherever allowed; False = the direct
+    kernel. scratch_bytes: the scratch budget (None: SCRATCH_BYTES).
     Writes every row of o_extend; returns it."""
     check_planes(fmt, planes)
     t, hq, d = q_extend.shape
@@ -177,13 +225,19 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
         return o_extend
     dev = q_extend.device
     kind, k_n4, v_n4 = layout(fmt)
+    bf16_dots = use_bf16_dots(q_extend, dot_bf16)
     q_in, k_in, v_in = q_extend, k_extend, v_extend
     if fmt.rotated:
         f32 = torch.float32
-        q_in = rotate_rows(q_extend, torch.empty(q_extend.shape, dtype=f32, device=dev), rotation.K_TENSOR, False)
+        # the rotated q / k / v only ever reach the dots, so with bf16 dot operands they are stored in bf16 (the
+        # kernel would round them to bf16 anyway: same values, half the bytes; with float32 copies the H200 took
+        # 21.6 ms over the scratch and 48.8 direct at d128, 16.2 / 36.3 without: docs/benchmarks/kernels.md
+        # round 6); the output stays float32 for its un-rotation
+        rot = torch.bfloat16 if bf16_dots else f32
+        q_in = rotate_rows(q_extend, torch.empty(q_extend.shape, dtype=rot, device=dev), rotation.K_TENSOR, False)
         if new_slots is None:  # else the new tokens come from the planes, already rotated
-            k_in = rotate_rows(k_extend, torch.empty(k_extend.shape, dtype=f32, device=dev), rotation.K_TENSOR, False)
-            v_in = rotate_rows(v_extend, torch.empty(v_extend.shape, dtype=f32, device=dev), rotation.V_TENSOR, False)
+            k_in = rotate_rows(k_extend, torch.empty(k_extend.shape, dtype=rot, device=dev), rotation.K_TENSOR, False)
+            v_in = rotate_rows(v_extend, torch.empty(v_extend.shape, dtype=rot, device=dev), rotation.V_TENSOR, False)
         out = torch.empty(q_extend.shape, dtype=f32, device=dev)
     else:
         out = o_extend
@@ -194,21 +248,45 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
         block_m = max(1, ROWS_PER_PROGRAM[d] // block_g)
     if block_n is None:
         block_n = BLOCK_N[d]
-    bf16_dots = use_bf16_dots(q_extend, dot_bf16)
     launch_opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
-    grid = (batch, h_kv, triton.cdiv(max(int(max_len_extend), 1), block_m))
     use_mask = custom_mask is not None
     mask_bits = custom_mask.view(torch.uint8) if use_mask else qo_indptr
-    _extend_kernel[grid](
-        q_in, k_in, v_in, out, kc, ks, vc, vs, qo_indptr, kv_indptr, kv_indices, mask_bits,
-        mask_indptr if use_mask else qo_indptr, new_slots if new_slots is not None else qo_indptr, sm_scale,
-        q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1), v_in.stride(0), v_in.stride(1),
-        out.stride(0), out.stride(1),
-        kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1), vs.stride(0), vs.stride(1),
-        FMT=kind, GROUP=group, BLOCK_G=block_g, BLOCK_M=block_m, BLOCK_N=block_n, K_N4=k_n4, V_N4=v_n4,
-        NB=d // 64, IS_CAUSAL=bool(is_causal), USE_CUSTOM_MASK=use_mask,
-        NEW_FROM_POOL=new_slots is not None, LOGIT_CAP=float(logit_cap),
-        DOT_BF16=bf16_dots, LUT=level_decode(q_extend, bf16_dots, lut), **launch_opts)
+    consts = dict(GROUP=group, BLOCK_G=block_g, BLOCK_M=block_m, BLOCK_N=block_n, NB=d // 64,
+                  IS_CAUSAL=bool(is_causal), USE_CUSTOM_MASK=use_mask, NEW_FROM_POOL=new_slots is not None,
+                  LOGIT_CAP=float(logit_cap), DOT_BF16=bf16_dots, **launch_opts)
+    q_blocks = triton.cdiv(max(int(max_len_extend), 1), block_m)
+
+    def launch(fmt_kind, lut_mode, k_n4_, v_n4_, kc_, ks_, vc_, vs_, indices, h0, h1):
+        # KV heads h0..h1-1: q / out / k_in / v_in as head-sliced views (the kernel follows their strides)
+        q_h, o_h = q_in[:, h0 * group:h1 * group], out[:, h0 * group:h1 * group]
+        k_h, v_h = k_in[:, h0:h1], v_in[:, h0:h1]
+        _extend_kernel[(batch, h1 - h0, q_blocks)](
+            q_h, k_h, v_h, o_h, kc_, ks_, vc_, vs_, qo_indptr, kv_indptr, indices, mask_bits,
+            mask_indptr if use_mask else qo_indptr, new_slots if new_slots is not None else qo_indptr, sm_scale,
+            q_h.stride(0), q_h.stride(1), k_h.stride(0), k_h.stride(1), v_h.stride(0), v_h.stride(1),
+            o_h.stride(0), o_h.stride(1), kc_.stride(0), kc_.stride(1), ks_.stride(0), ks_.stride(1),
+            vc_.stride(0), vc_.stride(1), vs_.stride(0), vs_.stride(1),
+            FMT=fmt_kind, K_N4=k_n4_, V_N4=v_n4_, LUT=lut_mode, **consts)
+
+    scratch_dtype = torch.bfloat16 if bf16_dots else torch.float32
+    plan = scratch_plan(kind, kv_indices.shape[0], h_kv, d, max_len_extend, block_m, scratch_dtype.itemsize,
+                        new_slots is not None or use_mask, prefix_scratch, scratch_bytes)
+    if prefix_scratch:
+        assert plan is not None, "prefix_scratch=True: not allowed here (format, verify, empty prefix or budget)"
+    if plan is None:
+        launch(kind, level_decode(q_extend, bf16_dots, lut), k_n4, v_n4, kc, ks, vc, vs, kv_indices, 0, h_kv)
+    else:
+        rows = kv_indices.shape[0]
+        width = max(h1 - h0 for h0, h1 in plan)
+        k_s = torch.empty(rows, width, d, dtype=scratch_dtype, device=dev)
+        v_s = torch.empty(rows, width, d, dtype=scratch_dtype, device=dev)
+        positions = torch.arange(rows, dtype=torch.int32, device=dev)
+        ph = tables.identity_placeholder(dev).view(1, 1, 1)
+        for h0, h1 in plan:
+            k_c, v_c = k_s[:, :h1 - h0], v_s[:, :h1 - h0]
+            dequantize_rotated(fmt, planes, kv_indices, k_c, v_c, head_base=h0, limit=kv_indptr[batch:],
+                               lut=lut)
+            launch(tables.FMT_BF16, 0, 0, 0, k_c, ph, v_c, ph, positions, h0, h1)
     if fmt.rotated:
         rotate_rows(out, o_extend, rotation.V_TENSOR, True)
     return o_extend

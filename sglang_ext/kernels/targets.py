@@ -80,11 +80,16 @@ def _variants():
                     BLOCK_N=C(extend.BLOCK_N[d]), K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), IS_CAUSAL=C(not mask),
                     USE_CUSTOM_MASK=C(mask), NEW_FROM_POOL=C(mask), LOGIT_CAP=C(0.0), DOT_BF16=C(True),
                     LUT=C(ptx)), {"num_warps": 8}))
+            dq = {"codes": codes, "scales": scales, "num_tokens": i32, "head_base": i32, "stride_c_slot": i32,
+                  "stride_c_head": i32, "stride_s_slot": i32, "stride_s_head": i32, "stride_o_n": i32,
+                  "stride_o_h": i32, "FMT": C(fmt), "N4": C(kn4), "NB": C(d // 64)}
             out.append((f"dequant {tag}", dequant._dequant_kernel, {
-                "codes": codes, "scales": scales, "loc_ptr": pi32, "out_ptr": p32, "num_tokens": i32,
-                "stride_c_slot": i32, "stride_c_head": i32, "stride_s_slot": i32, "stride_s_head": i32, "stride_o_n": i32,
-                "stride_o_h": i32, "FMT": C(fmt), "N4": C(kn4), "NB": C(d // 64), "BLOCK_N": C(16),
-                "LUT": C(decode.LUT_SELECT)}, {}))
+                **dq, "loc_ptr": pi32, "limit_ptr": pi32, "out_ptr": p32, "BLOCK_N": C(16),
+                "LUT": C(decode.LUT_SELECT), "LIMIT_FROM_PTR": C(False)}, {}))
+            if fmt != 0:  # extend's prefix scratch: bf16, rotated basis, SGLang's int64 kv_indices
+                out.append((f"dequant rotated {tag}", dequant._dequant_kernel, {
+                    **dq, "loc_ptr": "*i64", "limit_ptr": pi32, "out_ptr": pb16,
+                    "BLOCK_N": C(dequant.ROTATED_BLOCK_N), "LUT": C(ptx), "LIMIT_FROM_PTR": C(True)}, {}))
     out.extend(_spec_variants())
     out.extend(_host_transfer_variants())
     out.append(("decode_stage2 d256", decode._decode_stage2, {

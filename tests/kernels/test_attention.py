@@ -66,9 +66,12 @@ def test_decode_logit_cap(device):
 @pytest.mark.parametrize("name", FORMAT_NAMES)
 @pytest.mark.parametrize("head_dim,rotary_dim,h_kv,group", CASES)
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_extend_matches_reference(name, head_dim, rotary_dim, h_kv, group, page_size, device):
-    if page_size == 16 and name in ("bf16", "int8") and head_dim != 64:
-        pytest.skip("page-size coverage for plain formats is the d64 case (interpreter time)")
+def test_extend_matches_reference(name, head_dim, rotary_dim, h_kv, group, page_size, device, monkeypatch):
+    # The direct kernel (compressed prefix tiles decoded in the kernel), then, for the compressed formats, the
+    # prefix scratch (the prefix dequantized once into a buffer in the attention basis, then the FMT 0 kernel)
+    # as the launcher's rule picks it here (2 query blocks of 16): a spy confirms the scratch was taken.
+    if page_size == 16 and name == "bf16" and head_dim != 64:
+        pytest.skip("page-size coverage for bf16 planes is the d64 case (interpreter time)")
     fmt = get_format(name, head_dim, rotary_dim)
     gen = torch.Generator().manual_seed(head_dim * 3 + page_size)
     prefix, ext = [37, 0, 20], [5, 19, 1]
@@ -82,12 +85,84 @@ def test_extend_matches_reference(name, head_dim, rotary_dim, h_kv, group, page_
         o = torch.full((t, h_kv * group, head_dim), float("nan"), dtype=torch.float32, device=device)
         extend_attention(fmt, q, ke, ve, o, planes, qo, kvp, flat.to(device=device, dtype=torch.int32), max(ext),
                          head_dim ** -0.5, is_causal=causal, page_size=page_size, block_m=16, block_n=16,
-                         dot_bf16=False)
+                         dot_bf16=False, prefix_scratch=False)  # the direct kernel (the rule would pick the scratch)
         ref = reference.extend_attention(fmt, q, ke, ve, planes, qo, kvp, flat.to(device), head_dim ** -0.5,
                                          is_causal=causal)
         assert not torch.isnan(o).any(), "extend left output elements unwritten"
         err = (o - ref).abs().max().item()
         assert err < 1e-4, f"{name} causal={causal}: differs from the reference by {err}"
+    if name == "bf16":
+        return
+    # kv_indices padded past kv_indptr[B] (as SGLang's over-allocated buffer can be) with slots far out of
+    # range: the dequantization reads its row count from kv_indptr on the device, so never these
+    calls = _spy_dequant(monkeypatch)
+    ref = reference.extend_attention(fmt, q, ke, ve, planes, qo, kvp, flat.to(device), head_dim ** -0.5)  # causal
+    padded = torch.cat([flat, torch.full((7,), 1 << 40, dtype=torch.int64)]).to(device)
+    o = torch.full((t, h_kv * group, head_dim), float("nan"), dtype=torch.float32, device=device)
+    extend_attention(fmt, q, ke, ve, o, planes, qo, kvp, padded, max(ext), head_dim ** -0.5, page_size=page_size,
+                     block_m=16, block_n=16, dot_bf16=False)
+    assert calls == [(0, h_kv)], f"the rule did not take the prefix scratch (dequant calls {calls})"
+    assert not torch.isnan(o).any(), "prefix-scratch extend left output elements unwritten"
+    err = (o - ref).abs().max().item()
+    assert err < _f32_tol(device), f"{name}: prefix-scratch extend differs from the reference by {err}"
+
+
+def _f32_tol(device):
+    """dot_bf16=False: float32 dots, exact under the interpreter; on a GPU Triton runs them in tf32."""
+    return 1e-4 if device == "cpu" else 4e-3
+
+
+def _spy_dequant(monkeypatch):
+    """Records each dequantize_rotated call made by extend_attention (KV-head base, heads), calling through."""
+    from sglang_ext.kernels import extend as extend_mod
+
+    calls = []
+    real = extend_mod.dequantize_rotated
+
+    def spy(fmt, planes, loc, k_out, v_out, head_base=0, **kw):
+        calls.append((head_base, k_out.shape[1]))
+        return real(fmt, planes, loc, k_out, v_out, head_base=head_base, **kw)
+
+    monkeypatch.setattr(extend_mod, "dequantize_rotated", spy)
+    return calls
+
+
+def test_extend_prefix_scratch_rule_and_head_chunks(device, monkeypatch):
+    from sglang_ext.kernels.extend import scratch_plan
+    from sglang_ext.kernels.tables import FMT_BF16, FMT_INT8, FMT_OCTAVE
+
+    # the rule: compressed formats, >= 2 query blocks, not verify, within the budget (per KV head: rows x D x
+    # bytes x 2); over budget, KV heads in chunks; one head over budget: the direct kernel
+    assert scratch_plan(FMT_OCTAVE, 32768, 8, 128, 4096, 32, 2, False) == [(0, 8)]
+    assert scratch_plan(FMT_INT8, 32768, 8, 128, 4096, 32, 2, False) == [(0, 8)]
+    assert scratch_plan(FMT_BF16, 32768, 8, 128, 4096, 32, 2, False) is None
+    assert scratch_plan(FMT_OCTAVE, 32768, 8, 128, 32, 32, 2, False) is None  # one query block
+    assert scratch_plan(FMT_OCTAVE, 32768, 8, 128, 32, 32, 2, False, force=True) == [(0, 8)]
+    assert scratch_plan(FMT_OCTAVE, 32768, 8, 128, 4096, 32, 2, True) is None  # verify
+    assert scratch_plan(FMT_OCTAVE, 131072, 8, 128, 4096, 32, 2, False) == [(0, 4), (4, 8)]  # 512 MiB
+    assert scratch_plan(FMT_OCTAVE, 163840, 8, 128, 4096, 32, 2, False) == [(0, 3), (3, 6), (6, 8)]  # 80 MiB a head
+    assert scratch_plan(FMT_OCTAVE, 2 ** 19 + 1, 8, 128, 4096, 32, 2, False) is None  # one head > 256 MiB
+    # head chunks end to end: a budget of one KV head's scratch (2 heads, d64, float32)
+    calls = _spy_dequant(monkeypatch)
+    fmt = get_format("octave_k3v4", 64)
+    gen = torch.Generator().manual_seed(2)
+    prefix, ext = [37, 20], [19, 3]
+    planes, flat = _pool(fmt, prefix, 1, 2, gen, device)
+    t = sum(ext)
+    q = torch.randn(t, 6, 64, generator=gen).to(device)
+    ke = torch.randn(t, 2, 64, generator=gen).to(device)
+    ve = torch.randn(t, 2, 64, generator=gen).to(device)
+    qo, kvp = indptr(ext, device), indptr(prefix, device)
+    ref = reference.extend_attention(fmt, q, ke, ve, planes, qo, kvp, flat.to(device), 0.125)
+    for budget, want in ((57 * 64 * 4 * 2, [(0, 1), (1, 1)]), (57 * 64 * 4 * 2 - 1, [])):
+        calls.clear()
+        o = torch.full((t, 6, 64), float("nan"), dtype=torch.float32, device=device)
+        extend_attention(fmt, q, ke, ve, o, planes, qo, kvp, flat.to(device), max(ext), 0.125, block_m=16,
+                         block_n=16, dot_bf16=False, scratch_bytes=budget)
+        assert calls == want, (budget, calls)
+        assert not torch.isnan(o).any(), "extend left output elements unwritten"
+        err = (o - ref).abs().max().item()
+        assert err < _f32_tol(device), f"budget {budget}: differs from the reference by {err}"
 
 
 @pytest.mark.parametrize("name", ["int8", "octave_k3v4", "octave_k3v3"])
