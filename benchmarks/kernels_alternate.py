@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from kernels_bench import HEAD_CONFIGS  # noqa: E402
 from kernels_check import rel_err  # noqa: E402
 from kernels_profile import random_planes  # noqa: E402
-from kernels_sglang_baseline import SGLangTritonDecode  # noqa: E402
+from kernels_variants import decode_inputs  # noqa: E402
 
 from sglang_ext import kernels  # noqa: E402
 from sglang_ext.kernels import decode as dec  # noqa: E402
@@ -72,16 +71,7 @@ def main():
         errs = {name: check(fmt, hq, hkv, d, mode, device, gen) for name, mode in MODES.items()}
         print(f"d{d} check: " + " ".join(f"{n}={e:.1e}" for n, e in errs.items()), flush=True)
         assert all(e < 2e-2 for e in errs.values()), errs
-        tokens = batch * ctx
-        indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * ctx
-        idx = torch.arange(tokens, dtype=torch.int64, device=device)
-        q = torch.randn(batch, hq, d, device=device, generator=gen).to(torch.bfloat16)
-        o = torch.empty_like(q)
-        kb = torch.randn(tokens, hkv, d, device=device, generator=gen).to(torch.bfloat16)
-        vb = torch.randn(tokens, hkv, d, device=device, generator=gen).to(torch.bfloat16)
-        sm = 1.0 / math.sqrt(d)
-        base = SGLangTritonDecode()
-        base.plan(torch.full((batch,), ctx, dtype=torch.int32, device=device), hq, hkv, d)
+        tokens, indptr, idx, q, o, kb, vb, sm, base = decode_inputs(batch, ctx, hq, hkv, d, device, gen)
         planes = random_planes(fmt, tokens, hkv, device, gen)
         runs = {"sglang_bf16": lambda: base.run(q, kb, vb, o, indptr, idx, sm)}
         for name, mode in MODES.items():

@@ -147,6 +147,22 @@ def store_exactness(fmt, hkv, device, gen, n=4096):
             "store_us": ms * 1e3}
 
 
+def decode_inputs(batch, ctx, hq, hkv, d, device, gen):
+    """The decode timing inputs at batch x ctx (every request ctx tokens, slots in order): tokens, kv_indptr,
+    kv_indices, bf16 q and o [batch, hq, d], bf16 K/V pools [tokens, hkv, d], sm_scale, and SGLang's bf16
+    decode kernel planned for them."""
+    tokens = batch * ctx
+    indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * ctx
+    idx = torch.arange(tokens, dtype=torch.int64, device=device)
+    q = torch.randn(batch, hq, d, device=device, generator=gen).to(torch.bfloat16)
+    o = torch.empty_like(q)
+    kb = torch.randn(tokens, hkv, d, device=device, generator=gen).to(torch.bfloat16)
+    vb = torch.randn(tokens, hkv, d, device=device, generator=gen).to(torch.bfloat16)
+    base = SGLangTritonDecode()
+    base.plan(torch.full((batch,), ctx, dtype=torch.int32, device=device), hq, hkv, d)
+    return tokens, indptr, idx, q, o, kb, vb, 1.0 / math.sqrt(d), base
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/variants")
@@ -185,16 +201,7 @@ def main():
             errs = small_check(f, cfg, device, gen, vars_, ext_vars)
             res["checks"].append({"format": name, "head_dim": d, "rel_err_vs_reference": errs})
             print(f"check d{d} {name}: " + " ".join(f"{k}={v:.1e}" for k, v in errs.items()), flush=True)
-        tokens = batch * ctx
-        indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * ctx
-        idx = torch.arange(tokens, dtype=torch.int64, device=device)
-        q = torch.randn(batch, hq, d, device=device, generator=gen).to(torch.bfloat16)
-        o = torch.empty_like(q)
-        kb = torch.randn(tokens, hkv, d, device=device, generator=gen).to(torch.bfloat16)
-        vb = torch.randn(tokens, hkv, d, device=device, generator=gen).to(torch.bfloat16)
-        sm = 1.0 / math.sqrt(d)
-        base = SGLangTritonDecode()
-        base.plan(torch.full((batch,), ctx, dtype=torch.int32, device=device), hq, hkv, d)
+        tokens, indptr, idx, q, o, kb, vb, sm, base = decode_inputs(batch, ctx, hq, hkv, d, device, gen)
         t_sgl = bench(lambda: base.run(q, kb, vb, o, indptr, idx, sm))
         res["decode"].append({"kernel": "bf16-sglang", "head_dim": d, "us": t_sgl * 1e3,
                               "TBps": tokens * hkv * 4 * d / (t_sgl * 1e-3) / 1e12})
