@@ -10,6 +10,10 @@ target's greedy tokens, so sampled corpus sequences teach what greedy verificati
 Per step: soft cross-entropy against the target's own next-token distribution, softmax(lm_head h_{t+s}) (known
 for free: lm_head is frozen and h is stored), over a token subset `vocab` (every token of the corpus) because
 the lm_head product dominates the cost; plus a relative squared error pulling the output towards h_{t+s}.
+
+Training calls it with an `OutputHead` made once (the per-call gather of lm_head rows was 5 % of a step) and
+`metrics=False` (no argmax over the logits: 7 % of a step); under bf16 autocast the products run in bf16 and
+the softmaxes in float32.
 """
 
 from dataclasses import dataclass
@@ -22,11 +26,27 @@ from sglang_ext.models.mtp_layer import MtpLayer
 
 
 @dataclass
+class OutputHead:
+    """lm_head rows of a token subset, gathered once. remap: full token id -> row of `weight` (-1 outside)."""
+    weight: torch.Tensor  # [V', H]
+    remap: torch.Tensor | None
+
+    @classmethod
+    def of(cls, lm_head: torch.Tensor, vocab: torch.Tensor | None = None) -> "OutputHead":
+        if vocab is None:
+            return cls(lm_head, None)
+        remap = torch.full((lm_head.shape[0],), -1, dtype=torch.long)
+        remap[vocab] = torch.arange(len(vocab))
+        return cls(lm_head[vocab].contiguous(), remap)
+
+
+@dataclass
 class StepLosses:
     soft_ce: torch.Tensor  # [steps] soft cross-entropy against the target distribution (training objective)
     hard_ce: torch.Tensor  # [steps] cross-entropy on the greedy token, over `vocab` (reported)
     hidden_err: torch.Tensor  # [steps] relative squared error to the target hidden state
-    prefix_match: torch.Tensor  # [steps] share of chains whose steps 1..s all predict the greedy token
+    prefix_match: torch.Tensor  # [steps] share of chains whose steps 1..s all predict the greedy token (NaN
+    # with metrics=False)
     counts: list[int]  # labelled positions per step
 
 
@@ -46,22 +66,19 @@ def collate(sequences: list[Sequence]) -> dict[str, torch.Tensor]:
     return {"tokens": tokens, "greedy": greedy, "hidden": hidden, "label_ok": label_ok}
 
 
-def unrolled_losses(mtp: MtpLayer, embed: torch.Tensor, lm_head: torch.Tensor, batch: dict, steps: int,
-                    vocab: torch.Tensor | None = None) -> StepLosses:
+def unrolled_losses(mtp: MtpLayer, embed: torch.Tensor, lm_head, batch: dict, steps: int,
+                    vocab: torch.Tensor | None = None, metrics: bool = True) -> StepLosses:
     """Losses of draft steps 1..`steps` at every start position of `batch` (from `collate`).
 
-    embed, lm_head: [V, H] (frozen). vocab: [V'] sorted token ids the logits are restricted to (None: all);
-    labels outside it are dropped from the hard cross-entropy and the match counts.
+    embed: [V, H], lm_head: [V, H] or an OutputHead (then `vocab` is ignored); both frozen. vocab: [V'] sorted
+    token ids the logits are restricted to (None: all); labels outside it are dropped from the hard
+    cross-entropy and the match counts. metrics=False skips the match counts (prefix_match is NaN).
     """
     tokens, greedy, hidden, label_ok = batch["tokens"], batch["greedy"], batch["hidden"], batch["label_ok"]
     bsz, length = tokens.shape
     n = length - 1  # start positions t = 0..n-1 (token x_{t+1} must exist)
-    head = lm_head if vocab is None else lm_head[vocab]
-    if vocab is None:
-        remap = None
-    else:
-        remap = torch.full((lm_head.shape[0],), -1, dtype=torch.long)
-        remap[vocab] = torch.arange(len(vocab))
+    out_head = lm_head if isinstance(lm_head, OutputHead) else OutputHead.of(lm_head, vocab)
+    head, remap = out_head.weight, out_head.remap
     positions = torch.arange(n).expand(bsz, -1)
     out, kv = mtp(hidden[:, :n], embed[tokens[:, 1:]], positions)
     past_k, past_v = [kv[0]], [kv[1]]
@@ -80,17 +97,22 @@ def unrolled_losses(mtp: MtpLayer, embed: torch.Tensor, lm_head: torch.Tensor, b
         if remap is not None:
             labels = remap[labels]
         o, h, y = out[valid], ideal[valid], labels[valid]
-        logits = o @ head.T
+        logits = (o @ head.T).float()
         with torch.no_grad():
-            target = F.softmax(h @ head.T, dim=-1)
-        soft.append(-(target * F.log_softmax(logits, dim=-1)).sum(-1).mean())
+            target = F.softmax((h @ head.T).float(), dim=-1)
+        logp = F.log_softmax(logits, dim=-1)
+        soft.append(-(target * logp).sum(-1).mean())
         known = y >= 0
-        hard.append(F.cross_entropy(logits[known], y[known]).detach() if known.any() else torch.tensor(0.0))
-        herr.append((o - h).pow(2).mean() / h.pow(2).mean().clamp_min(1e-12))
-        hit = torch.zeros(bsz, n, dtype=torch.bool)
-        hit[valid] = (logits.argmax(-1) == y).detach()
-        chain_ok = chain_ok & hit
-        match.append(chain_ok[valid].float().mean() if valid.any() else torch.tensor(0.0))
+        hard.append(-logp.detach()[known, y[known]].mean() if known.any() else torch.tensor(0.0))
+        o32 = o.float()
+        herr.append((o32 - h).pow(2).mean() / h.pow(2).mean().clamp_min(1e-12))
+        if metrics:
+            hit = torch.zeros(bsz, n, dtype=torch.bool)
+            hit[valid] = (logits.argmax(-1) == y).detach()
+            chain_ok = chain_ok & hit
+            match.append(chain_ok[valid].float().mean() if valid.any() else torch.tensor(0.0))
+        else:
+            match.append(torch.tensor(float("nan")))
         counts.append(int(valid.sum()))
         if s == steps:
             break
@@ -109,4 +131,4 @@ def corpus_vocab(sequences: list[Sequence]) -> torch.Tensor:
     return torch.unique(torch.cat([torch.cat([s.tokens, s.greedy]) for s in sequences]))
 
 
-__all__ = ["StepLosses", "collate", "corpus_vocab", "unrolled_losses"]
+__all__ = ["OutputHead", "StepLosses", "collate", "corpus_vocab", "unrolled_losses"]

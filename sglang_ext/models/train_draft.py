@@ -27,7 +27,7 @@ from sglang_ext.env import ext_home
 from sglang_ext.models.builtin import DEFAULT_MODEL_NAME, ModelPrepareError, default_model_dir
 from sglang_ext.models.draft_acceptance import measure
 from sglang_ext.models.draft_corpus import HELDOUT_TOPICS, Sequence, generate, prompts, train_prompts
-from sglang_ext.models.draft_loss import collate, corpus_vocab, unrolled_losses
+from sglang_ext.models.draft_loss import OutputHead, collate, corpus_vocab, unrolled_losses
 from sglang_ext.models.mtp_checkpoint import (
     fixed_seed_mtp_weights,
     load_config,
@@ -51,6 +51,9 @@ class DraftTrainConfig:
     # "auto": bfloat16 when the CPU has AMX or AVX512-BF16 (torch.cpu.get_capabilities()), else float32. The
     # held-out continuations are always float32.
     corpus_dtype: str = "auto"
+    # Training products under torch.autocast in this dtype ("auto": as corpus_dtype; the weights and the
+    # optimizer stay float32, the softmaxes float32).
+    train_dtype: str = "auto"
     corpus_share: float = 0.45  # of the budget, held-out generation included; at least one batch is generated
     train_end_share: float = 0.93  # training stops here; the rest is the acceptance measurement and the writer
     batch_sequences: int = 4  # small batches, more updates: measured better than 8 and 16 in the same time
@@ -85,14 +88,23 @@ class DraftTrainConfig:
             raise ValueError("single_step_share must be in [0, 1]")
         if not 0 <= self.validation_share < 1:
             raise ValueError("validation_share must be in [0, 1)")
-        if self.corpus_dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"corpus_dtype must be auto, float32 or bfloat16, got {self.corpus_dtype!r}")
+        for name in ("corpus_dtype", "train_dtype"):
+            if getattr(self, name) not in ("auto", "float32", "bfloat16"):
+                raise ValueError(f"{name} must be auto, float32 or bfloat16, got {getattr(self, name)!r}")
 
     def resolved_corpus_dtype(self) -> torch.dtype:
-        if self.corpus_dtype == "auto":
-            caps = torch.cpu.get_capabilities()
-            return torch.bfloat16 if caps.get("amx_bf16") or caps.get("avx512_bf16") else torch.float32
-        return getattr(torch, self.corpus_dtype)
+        return _resolve_dtype(self.corpus_dtype)
+
+    def resolved_train_dtype(self) -> torch.dtype:
+        return _resolve_dtype(self.train_dtype)
+
+
+def _resolve_dtype(choice: str) -> torch.dtype:
+    """"auto": bfloat16 where the CPU computes it natively (AMX or AVX512-BF16), else float32."""
+    if choice == "auto":
+        caps = torch.cpu.get_capabilities()
+        return torch.bfloat16 if caps.get("amx_bf16") or caps.get("avx512_bf16") else torch.float32
+    return getattr(torch, choice)
 
 
 @dataclass
@@ -220,14 +232,14 @@ class FitResult:
     validation: list
 
 
-def _evaluate(mtp, embed, lm_head, sequences, vocab, config) -> list[float]:
-    """Teacher-forced prefix match per draft step over `sequences`, weighted by labelled positions."""
+def _evaluate(mtp, embed, head: OutputHead, sequences, config) -> list[float]:
+    """Teacher-forced prefix match per draft step over `sequences`, weighted by labelled positions (float32)."""
     hits, counts = torch.zeros(config.draft_steps), torch.zeros(config.draft_steps)
     mtp.eval()
     with torch.no_grad():
         for i in range(0, len(sequences), config.batch_sequences):
-            r = unrolled_losses(mtp, embed, lm_head, collate(sequences[i:i + config.batch_sequences]),
-                                config.draft_steps, vocab)
+            r = unrolled_losses(mtp, embed, head, collate(sequences[i:i + config.batch_sequences]),
+                                config.draft_steps)
             c = torch.tensor(r.counts, dtype=torch.float32)
             hits += r.prefix_match * c
             counts += c
@@ -241,6 +253,10 @@ def fit_layer(mtp: MtpLayer, embed, lm_head, train: list[Sequence], validation: 
     on `validation` `config.validations` times and loading back the state with the best weighted chain match.
     At least one step runs."""
     optimizer = torch.optim.AdamW(mtp.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    head = OutputHead.of(lm_head, vocab)
+    train_dtype = config.resolved_train_dtype()
+    # autocast would otherwise cast the [V', H] head to bf16 again on every product
+    train_head = OutputHead(head.weight.to(train_dtype), head.remap)
     weights = torch.tensor(config.step_weights)
     start = time.monotonic()
     total = max(deadline - start, 1e-9)
@@ -260,7 +276,7 @@ def fit_layer(mtp: MtpLayer, embed, lm_head, train: list[Sequence], validation: 
         nonlocal best
         if not validation:
             return
-        match = _evaluate(mtp, embed, lm_head, validation, vocab, config)
+        match = _evaluate(mtp, embed, head, validation, config)
         history.append([step, round(time.monotonic() - start, 1), [round(m, 4) for m in match]])
         score = sum(match)  # expected accepted drafts per round, if positions were independent
         if score > best[0]:
@@ -279,8 +295,9 @@ def fit_layer(mtp: MtpLayer, embed, lm_head, train: list[Sequence], validation: 
         for group in optimizer.param_groups:
             group["lr"] = lr
         chain = 1 if progress < config.single_step_share else config.draft_steps
-        r = unrolled_losses(mtp, embed, lm_head, batch, chain, vocab)
-        loss = (weights[:chain] * (r.soft_ce + config.hidden_match_weight * r.hidden_err)).sum()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=train_dtype == torch.bfloat16):
+            r = unrolled_losses(mtp, embed, train_head, batch, chain, metrics=False)
+            loss = (weights[:chain] * (r.soft_ce + config.hidden_match_weight * r.hidden_err)).sum()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
