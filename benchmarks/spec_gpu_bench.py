@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 from sglang_ext.kernels import spec_cache_locs, spec_sampling, spec_tree  # noqa: E402
 from sglang_ext.spec import cache_loc_ops, tree_ops, verify_ops  # noqa: E402
 
-ACCEPT_LENGTHS = (1.3, 1.6, 2.0, 2.5)
+ACCEPT_LENGTHS = (1.3, 1.6, 1.67, 2.0, 2.5)
 SHAPE = dict(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, mlp=1536, vocab=49152)
 
 
@@ -233,6 +233,62 @@ class TinyLlama:
         self.v_cache = [torch.randn(batch, kv_heads, max_ctx, head_dim, generator=g).to(device, torch.bfloat16)
                         for _ in range(layers)]
         self.inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+        self.fmt, self.planes, self.index = None, None, None
+        self.verify_kernel = "decode"  # pool modes: chain verify through "decode" (q_len > 1) or "extend"
+
+    def use_pool(self, fmt_name: str) -> None:
+        """Attend through our kernels over pool planes of `fmt_name` (bf16, int8, octave_*) instead of SDPA:
+        decode_attention for one new token, extend_attention over the stored drafts (new_slots, as NEXTN's
+        verify reads them) for several. Request b's token at position p lives in slot b * max_ctx + p; the
+        planes start as the quantized random cache."""
+        from sglang_ext import kernels
+        from sglang_ext.kvformats import get_format
+        self.fmt = get_format(fmt_name, head_dim=self.hd, rotary_dim=self.hd)
+        b, hkv, max_ctx, hd = self.k_cache[0].shape
+        slots = torch.arange(b * max_ctx, device=self.embed.device)
+        self.planes = []
+        for k, v in zip(self.k_cache, self.v_cache):
+            planes = self.fmt.allocate(b * max_ctx, hkv, self.embed.device)
+            kernels.store_kv(self.fmt, planes, slots, k.permute(0, 2, 1, 3).reshape(-1, hkv, hd),
+                             v.permute(0, 2, 1, 3).reshape(-1, hkv, hd))
+            self.planes.append(planes)
+        self.max_ctx = max_ctx
+
+    def pool_index(self, ctx: int, q_len: int) -> dict:
+        """Index tensors of a step at context ctx with q_len new tokens per request (built outside the graph)."""
+        dev, b, m = self.embed.device, self.batch, self.max_ctx
+        base = torch.arange(b, device=dev)[:, None] * m
+        new = (base + ctx + torch.arange(q_len, device=dev)).reshape(-1)
+        if q_len == 1:  # decode: the new token is stored first and read from the pool
+            seen = (base + torch.arange(ctx + 1, device=dev)).reshape(-1)
+            indptr = torch.arange(b + 1, device=dev, dtype=torch.int32) * (ctx + 1)
+        else:
+            seen = (base + torch.arange(ctx, device=dev)).reshape(-1)
+            indptr = torch.arange(b + 1, device=dev, dtype=torch.int32) * ctx
+        return {"new": new, "kv_indices": seen.to(torch.int32), "kv_indptr": indptr,
+                "qo_indptr": torch.arange(b + 1, device=dev, dtype=torch.int32) * q_len}
+
+    def pool_attention(self, i, q, k, v):
+        """q [b, q_len, heads, d], k/v [b, q_len, kv_heads, d] -> [b * q_len, heads * d] through our kernels."""
+        from sglang_ext import kernels
+        b, q_len = q.shape[:2]
+        ix = self.index
+        kernels.store_kv(self.fmt, self.planes[i], ix["new"], k.reshape(-1, self.nkv, self.hd).contiguous(),
+                         v.reshape(-1, self.nkv, self.hd).contiguous())
+        qf = q.reshape(b * q_len, self.nh, self.hd).contiguous()
+        o = torch.empty_like(qf)
+        if q_len == 1:
+            kernels.decode_attention(self.fmt, qf, self.planes[i], o, ix["kv_indptr"], ix["kv_indices"],
+                                     self.hd ** -0.5)
+        elif self.verify_kernel == "decode":  # chain verify split over the prefix (what the GPU backend runs)
+            kernels.decode_attention(self.fmt, qf, self.planes[i], o, ix["kv_indptr"], ix["kv_indices"],
+                                     self.hd ** -0.5, q_len=q_len, new_slots=ix["new"])
+        else:
+            kf = k.reshape(-1, self.nkv, self.hd).contiguous()
+            kernels.extend_attention(self.fmt, qf, kf, v.reshape(-1, self.nkv, self.hd).contiguous(), o,
+                                     self.planes[i], ix["qo_indptr"], ix["kv_indptr"], ix["kv_indices"], q_len,
+                                     self.hd ** -0.5, new_slots=ix["new"])
+        return o.view(b * q_len, -1)
 
     def rope_tables(self, pos):
         """cos, sin [q, head_dim / 2] for positions pos (computed once per step shape, outside the graph, as
@@ -253,6 +309,10 @@ class TinyLlama:
         x1, x2 = qk[..., :half], qk[..., half:]
         qk = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)  # rotate-half RoPE (Llama)
         v = qkv[..., (self.nh + self.nkv) * self.hd:].view(b, q_len, self.nkv, self.hd)
+        if self.fmt is not None:
+            x = x + self.pool_attention(i, qk[:, :, :self.nh], qk[:, :, self.nh:], v) @ p["o"].t()
+            gate, up = (self.rms(x, p["n2"]) @ p["gate_up"].t()).chunk(2, -1)
+            return x + (torch.nn.functional.silu(gate) * up) @ p["down"].t()
         self.k_cache[i][:, :, ctx:ctx + q_len] = qk[:, :, self.nh:].transpose(1, 2)
         self.v_cache[i][:, :, ctx:ctx + q_len] = v.transpose(1, 2)
         kk, vv = self.k_cache[i][:, :, :ctx + q_len], self.v_cache[i][:, :, :ctx + q_len]
@@ -298,30 +358,61 @@ def graph_time_us(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def model_rows(device, reps, contexts, shape, batch=1):
+def model_rows(device, reps, contexts, shape, batch=1, attention=("sdpa",)):
+    """Step times per attention mode: "sdpa" (torch SDPA over the bf16 cache) or a KV format name (our decode /
+    extend kernels over pool planes of that format: TinyLlama.use_pool). A pool mode's row also carries the
+    relative difference of its decode-step logits from SDPA's over the same cache (max |a - b| / max |a|)."""
     model = TinyLlama(**shape, max_ctx=max(contexts) + 16, device=device, batch=batch)
     model.eh_proj = (torch.randn(shape["hidden"], 2 * shape["hidden"]) * 0.02).to(device, torch.bfloat16)
     mtp_layer = [0]  # one decoder layer (its own weights in a real MTP module; the shape is what matters here)
+    all_layers = range(shape["layers"])
+    one = torch.tensor([5] * batch, device=device)
+    four = torch.tensor([5, 6, 7, 8] * batch, device=device)
     rows = []
-    for ctx in contexts:
-        one = torch.tensor([5] * batch, device=device)
-        four = torch.tensor([5, 6, 7, 8] * batch, device=device)
-        rope1 = model.rope_tables(torch.tensor([ctx], device=device))
-        rope4 = model.rope_tables(torch.arange(ctx, ctx + 4, device=device))
-        # verify: draft token i sees the context and drafts 0..i; rows repeated per folded query head
-        verify_mask = torch.ones(4, ctx + 4, dtype=torch.bool, device=device)
-        verify_mask[:, ctx:] = torch.tril(torch.ones(4, 4, dtype=torch.bool, device=device))
-        verify_mask = verify_mask.repeat(shape["heads"] // shape["kv_heads"], 1)
-        hidden_prev = torch.randn(batch, shape["hidden"], device=device, dtype=torch.bfloat16)
-        all_layers = range(shape["layers"])
-        with torch.inference_mode():
-            t_decode = graph_time_us(lambda: model.forward(one, rope1, ctx, all_layers), reps)
-            t_verify = graph_time_us(lambda: model.forward(four, rope4, ctx, all_layers, verify_mask), reps)
-            t_draft = graph_time_us(lambda: model.forward(one, rope1, ctx, mtp_layer, extra=hidden_prev), reps)
-        rows.append({"batch": batch, "context": ctx, "t_decode_us": round(t_decode, 1),
-                     "t_verify4_us": round(t_verify, 1), "t_draft_us": round(t_draft, 1)})
-        print(f"batch {batch} ctx {ctx:>5}: decode {t_decode:7.1f} us  verify(4) {t_verify:7.1f} us  draft {t_draft:7.1f} us",
-              flush=True)
+    sdpa_logits = {}
+    for mode in attention:
+        if mode == "sdpa":
+            model.fmt = None
+        else:
+            model.use_pool(mode)
+        for ctx in contexts:
+            rope1 = model.rope_tables(torch.tensor([ctx], device=device))
+            rope4 = model.rope_tables(torch.arange(ctx, ctx + 4, device=device))
+            # verify: draft token i sees the context and drafts 0..i; rows repeated per folded query head
+            verify_mask = torch.ones(4, ctx + 4, dtype=torch.bool, device=device)
+            verify_mask[:, ctx:] = torch.tril(torch.ones(4, 4, dtype=torch.bool, device=device))
+            verify_mask = verify_mask.repeat(shape["heads"] // shape["kv_heads"], 1)
+            hidden_prev = torch.randn(batch, shape["hidden"], device=device, dtype=torch.bfloat16)
+            idx1 = model.pool_index(ctx, 1) if model.fmt is not None else None
+            idx4 = model.pool_index(ctx, 4) if model.fmt is not None else None
+            with torch.inference_mode():
+                model.index = idx1
+                logits = model.forward(one, rope1, ctx, all_layers).float()
+                if mode == "sdpa":
+                    sdpa_logits[ctx] = logits
+                t_decode = graph_time_us(lambda: model.forward(one, rope1, ctx, all_layers), reps)
+                model.index = idx4
+                t_verify = graph_time_us(lambda: model.forward(four, rope4, ctx, all_layers, verify_mask), reps)
+                t_verify_extend = None
+                if model.fmt is not None:  # the same verify through the extend kernel, for comparison
+                    model.verify_kernel = "extend"
+                    t_verify_extend = graph_time_us(lambda: model.forward(four, rope4, ctx, all_layers), reps)
+                    model.verify_kernel = "decode"
+                model.index = idx1
+                t_draft = graph_time_us(lambda: model.forward(one, rope1, ctx, mtp_layer, extra=hidden_prev), reps)
+            row = {"batch": batch, "context": ctx, "attention": mode, "t_decode_us": round(t_decode, 1),
+                   "t_verify4_us": round(t_verify, 1), "t_draft_us": round(t_draft, 1)}
+            if t_verify_extend is not None:
+                row["t_verify4_extend_kernel_us"] = round(t_verify_extend, 1)
+            if mode != "sdpa" and ctx in sdpa_logits:
+                ref = sdpa_logits[ctx]
+                row["logits_rel_diff_vs_sdpa"] = float((logits - ref).abs().max() / ref.abs().max())
+            rows.append(row)
+            print(f"batch {batch} ctx {ctx:>5} {mode:<12}: decode {t_decode:7.1f} us  verify(4) {t_verify:7.1f} us  "
+                  f"draft {t_draft:7.1f} us  verify/decode {t_verify / t_decode:.2f}"
+                  + (f"  (extend kernel: {t_verify_extend:.1f} us)" if t_verify_extend is not None else "")
+                  + (f"  logits vs sdpa {row['logits_rel_diff_vs_sdpa']:.2e}" if "logits_rel_diff_vs_sdpa" in row
+                     else ""), flush=True)
     return rows
 
 
@@ -339,7 +430,8 @@ def speedup_rows(model, kernels):
                         "sampling": t("tree_speculative_sampling n4") + bookkeeping}
             for mode, t_ops in spec_ops.items():
                 denom = m["t_verify4_us"] + 3 * m["t_draft_us"] + t_ops
-                out.append({"batch": m.get("batch", 1), "context": m["context"], "verify": mode, "op_timing": timing,
+                out.append({"batch": m.get("batch", 1), "context": m["context"],
+                            "attention": m.get("attention", "sdpa"), "verify": mode, "op_timing": timing,
                             "t_spec_ops_us": round(t_ops, 1),
                             **{f"speedup_at_{a}": round(a * m["t_decode_us"] / denom, 2) for a in ACCEPT_LENGTHS}})
     return out
@@ -350,6 +442,10 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="small vocab and model, few repeats (interpreter)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="batch sizes of the step-time model")
+    ap.add_argument("--attention", nargs="+", default=["sdpa"],
+                    help="step-time model attention: sdpa and/or KV formats through our kernels (bf16 int8 ...)")
+    ap.add_argument("--skip-kernels", action="store_true", help="only the step-time model (needs --kernels-json)")
+    ap.add_argument("--kernels-json", default=None, help="spec op timings from an earlier run (its spec_gpu.json)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -358,18 +454,24 @@ def main() -> int:
     import triton
     result["triton"] = triton.__version__
     vocab = 64 if args.quick else SHAPE["vocab"]
-    result["kernels"] = kernel_rows(device, vocab, reps=3 if args.quick else 50)
+    if args.skip_kernels:
+        result["kernels"] = json.loads(Path(args.kernels_json).read_text())["kernels"]
+        result["kernels_from"] = args.kernels_json
+    else:
+        result["kernels"] = kernel_rows(device, vocab, reps=3 if args.quick else 50)
     (out / "spec_gpu.json").write_text(json.dumps(result, indent=1))
     if device == "cuda":
         shape = SHAPE if not args.quick else dict(SHAPE, layers=2)
         result["model"] = [row for batch in args.batches for row in
                            model_rows(device, reps=20 if args.quick else 200, contexts=(1024, 8192), shape=shape,
-                                      batch=batch)]
+                                      batch=batch, attention=args.attention)]
         result["speedup_model"] = speedup_rows(result["model"], result["kernels"])
         (out / "spec_gpu.json").write_text(json.dumps(result, indent=1))
-        print("\nbatch context verify   op timing    t_spec_ops  " + "  ".join(f"acc {a}" for a in ACCEPT_LENGTHS))
+        print("\nbatch context attention    verify   op timing    t_spec_ops  "
+              + "  ".join(f"acc {a}" for a in ACCEPT_LENGTHS))
         for r in result["speedup_model"]:
-            print(f"{r['batch']:>5} {r['context']:>7} {r['verify']:<8} {r['op_timing']:<12} {r['t_spec_ops_us']:>8.1f}us  "
+            print(f"{r['batch']:>5} {r['context']:>7} {r['attention']:<12} {r['verify']:<8} {r['op_timing']:<12} "
+                  f"{r['t_spec_ops_us']:>8.1f}us  "
                   + "  ".join(f"{r[f'speedup_at_{a}']:>7.2f}" for a in ACCEPT_LENGTHS))
     bad = [r for r in result["kernels"] if not r["exact_match"]]
     print(f"\n{len(result['kernels']) - len(bad)} of {len(result['kernels'])} kernel comparisons exact")

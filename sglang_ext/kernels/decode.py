@@ -1,8 +1,8 @@
 """Split-KV decode attention over a format's planes (SGLang triton-backend style indexing).
 
 Plan per call: rotate q into the K basis (octave), stage 1 grid (batch, kv_head, split) — one program
-handles all q heads of a KV head's group, so each K/V byte is read once per group — writes partial outputs
-and log-sum-exps; stage 2 grid (batch, q_head) merges the splits; octave outputs, accumulated in V's rotated
+handles all q heads of a KV head's group, so each K/V byte is read once per group (with q_len > 1, chain
+speculative verify: all q_len x group rows) — writes partial outputs and log-sum-exps; stage 2 grid (batch, q_head) merges the splits; octave outputs, accumulated in V's rotated
 basis, are un-rotated once at the end.
 
 kv_indices hold token-level slot ids (request b's are kv_indices[kv_indptr[b]:kv_indptr[b+1]]). With
@@ -28,6 +28,7 @@ from .tiles import accumulate, load_q_blocks, q_blocks_f16, scores, store_blocks
 
 MIN_BLOCK_KV = 32
 DEFAULT_MAX_KV_SPLITS = 16
+MAX_VERIFY_ROWS = 64  # q_len x group rows of one verify program (decode_attention with q_len > 1)
 LUT_SELECT, LUT_PTX = 0, 1  # octave level decode (tiles.octave_levels)
 # tokens per loop iteration by (format kind, head_dim), measured on an H200 at batch 8 x 32k (benchmarks/
 # kernels_variants.py; docs/benchmarks/kernels.md)
@@ -46,28 +47,68 @@ def _tanh(x):
 
 
 @triton.jit
+def _attend_tile(slot, mask_n, mask_2d, q0, q1, q2, q3, q_scale, e_max, e_sum, acc0, acc1, acc2, acc3,
+                 k_codes, k_scales, v_codes, v_scales, kv_head,
+                 stride_kc_slot, stride_kc_head, stride_ks_slot, stride_ks_head,
+                 stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
+                 FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, K_N4: tl.constexpr,
+                 V_N4: tl.constexpr, NB: tl.constexpr, LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr,
+                 LUT: tl.constexpr, I8_F16: tl.constexpr):
+    """One online-softmax step over the tokens at `slot` [BLOCK_N]; mask_n [BLOCK_N]: tokens to read; mask_2d
+    [BLOCK_H, BLOCK_N] or [1, BLOCK_N]: which row sees which token."""
+    qk = scores(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
+                slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_H, BLOCK_N,
+                DOT_BF16, LUT, I8_F16)
+    qk = qk * q_scale[:, None]
+    if LOGIT_CAP > 0:
+        qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
+    qk = tl.where(mask_2d, qk, float("-inf"))
+    n_max = tl.maximum(tl.max(qk, 1), e_max)
+    rescale = tl.exp(e_max - n_max)
+    p = tl.exp(qk - n_max[:, None])
+    e_sum = e_sum * rescale + tl.sum(p, 1)
+    acc0 = acc0 * rescale[:, None]
+    acc1 = acc1 * rescale[:, None]
+    acc2 = acc2 * rescale[:, None]
+    acc3 = acc3 * rescale[:, None]
+    acc0, acc1, acc2, acc3 = accumulate(
+        FMT, p, acc0, acc1, acc2, acc3, v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
+        slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT, I8_F16)
+    return n_max, e_sum, acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_indices, num_kv_splits,
-                   mid_o, mid_lse, sm_scale,
+                   mid_o, mid_lse, sm_scale, new_slots,
                    stride_kc_slot, stride_kc_head, stride_ks_slot, stride_ks_head,
                    stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
                    stride_q_b, stride_q_h, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
                    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                    MIN_BLOCK: tl.constexpr, K_N4: tl.constexpr, V_N4: tl.constexpr, NB: tl.constexpr,
-                   LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr, LUT: tl.constexpr, I8_F16: tl.constexpr):
+                   LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr, LUT: tl.constexpr, I8_F16: tl.constexpr,
+                   Q_LEN: tl.constexpr = 1, BLOCK_T: tl.constexpr = 16):
+    # Q_LEN > 1 (chain verify): request `batch` has Q_LEN query tokens (q rows batch * Q_LEN + j); row r of the
+    # program is (token j = r // GROUP, q head r % GROUP); kv_indptr / kv_indices list the prefix only, and the
+    # Q_LEN new tokens, already stored, are read at new_slots[batch * Q_LEN + t] by the last split, token j
+    # seeing tokens t <= j (causal).
     batch = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     offs_h = tl.arange(0, BLOCK_H)
-    mask_h = offs_h < GROUP
-    heads = kv_head * GROUP + offs_h
+    mask_h = offs_h < GROUP * Q_LEN
+    tok = offs_h // GROUP
+    heads = kv_head * GROUP + offs_h % GROUP
     kv_start = tl.load(kv_indptr + batch)
     seq_len = tl.load(kv_indptr + batch + 1) - kv_start
     splits = tl.load(num_kv_splits + batch)
     per_split = tl.cdiv(tl.cdiv(seq_len, splits), MIN_BLOCK) * MIN_BLOCK
     s0 = per_split * split
     s1 = tl.minimum(s0 + per_split, seq_len)
-    if s1 > s0:
-        q_rows = batch * stride_q_b + heads.to(tl.int64) * stride_q_h
+    active = s1 > s0
+    if Q_LEN > 1:
+        active = active | (split == splits - 1)
+    if active:
+        q_rows = (batch * Q_LEN + tok) * stride_q_b + heads.to(tl.int64) * stride_q_h
         if I8_F16:
             q0, q1, q2, q3, q_amax = q_blocks_f16(*load_q_blocks(q_ptr, q_rows, mask_h, NB, False), NB)
             q_scale = q_amax * sm_scale
@@ -84,39 +125,38 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < s1
             slot = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
-            qk = scores(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
-                        slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_H, BLOCK_N,
-                        DOT_BF16, LUT, I8_F16)
-            qk = qk * q_scale[:, None]
-            if LOGIT_CAP > 0:
-                qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
-            qk = tl.where(mask_n[None, :], qk, float("-inf"))
-            n_max = tl.maximum(tl.max(qk, 1), e_max)
-            rescale = tl.exp(e_max - n_max)
-            p = tl.exp(qk - n_max[:, None])
-            e_sum = e_sum * rescale + tl.sum(p, 1)
-            e_max = n_max
-            acc0 = acc0 * rescale[:, None]
-            acc1 = acc1 * rescale[:, None]
-            acc2 = acc2 * rescale[:, None]
-            acc3 = acc3 * rescale[:, None]
-            acc0, acc1, acc2, acc3 = accumulate(
-                FMT, p, acc0, acc1, acc2, acc3, v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
-                slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT, I8_F16)
-        store_blocks(mid_o, batch * stride_mo_b + heads.to(tl.int64) * stride_mo_h + split * stride_mo_s, mask_h,
-                     acc0, acc1, acc2, acc3, 1.0 / e_sum, NB)
-        tl.store(mid_lse + batch * stride_ml_b + heads * stride_ml_h + split, e_max + tl.log(e_sum), mask=mask_h)
+            e_max, e_sum, acc0, acc1, acc2, acc3 = _attend_tile(
+                slot, mask_n, mask_n[None, :], q0, q1, q2, q3, q_scale, e_max, e_sum, acc0, acc1, acc2, acc3,
+                k_codes, k_scales, v_codes, v_scales, kv_head, stride_kc_slot, stride_kc_head, stride_ks_slot,
+                stride_ks_head, stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
+                FMT, BLOCK_H, BLOCK_N, K_N4, V_N4, NB, LOGIT_CAP, DOT_BF16, LUT, I8_F16)
+        if Q_LEN > 1:
+            if split == splits - 1:
+                offs_t = tl.arange(0, BLOCK_T)
+                mask_t = offs_t < Q_LEN
+                slot = tl.load(new_slots + batch * Q_LEN + offs_t, mask=mask_t, other=0).to(tl.int64)
+                causal = mask_t[None, :] & (offs_t[None, :] <= tok[:, None])
+                e_max, e_sum, acc0, acc1, acc2, acc3 = _attend_tile(
+                    slot, mask_t, causal, q0, q1, q2, q3, q_scale, e_max, e_sum, acc0, acc1, acc2, acc3,
+                    k_codes, k_scales, v_codes, v_scales, kv_head, stride_kc_slot, stride_kc_head, stride_ks_slot,
+                    stride_ks_head, stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
+                    FMT, BLOCK_H, BLOCK_T, K_N4, V_N4, NB, LOGIT_CAP, DOT_BF16, LUT, I8_F16)
+        mo_rows = (batch * Q_LEN + tok) * stride_mo_b + heads.to(tl.int64) * stride_mo_h + split * stride_mo_s
+        store_blocks(mid_o, mo_rows, mask_h, acc0, acc1, acc2, acc3, 1.0 / e_sum, NB)
+        tl.store(mid_lse + (batch * Q_LEN + tok) * stride_ml_b + heads * stride_ml_h + split, e_max + tl.log(e_sum),
+                 mask=mask_h)
 
 
 @triton.jit
 def _decode_stage2(mid_o, mid_lse, out_ptr, kv_indptr, num_kv_splits,
                    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
-                   D: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_BLOCK: tl.constexpr):
-    batch = tl.program_id(0).to(tl.int64)
+                   D: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_BLOCK: tl.constexpr, Q_LEN: tl.constexpr = 1):
+    batch = tl.program_id(0).to(tl.int64)  # a q row: request batch // Q_LEN
     head = tl.program_id(1)
     offs_d = tl.arange(0, D)
-    seq_len = tl.load(kv_indptr + batch + 1) - tl.load(kv_indptr + batch)
-    splits = tl.load(num_kv_splits + batch)
+    req = batch // Q_LEN
+    seq_len = tl.load(kv_indptr + req + 1) - tl.load(kv_indptr + req)
+    splits = tl.load(num_kv_splits + req)
     per_split = tl.cdiv(tl.cdiv(seq_len, splits), MIN_BLOCK) * MIN_BLOCK
     e_max = float("-inf")
     e_sum = 0.0
@@ -124,7 +164,10 @@ def _decode_stage2(mid_o, mid_lse, out_ptr, kv_indptr, num_kv_splits,
     for s in range(MAX_SPLITS):
         s0 = per_split * s
         s1 = tl.minimum(s0 + per_split, seq_len)
-        if s1 > s0:
+        use = s1 > s0
+        if Q_LEN > 1:
+            use = use | (s == splits - 1)
+        if use:
             part = tl.load(mid_o + batch * stride_mo_b + head * stride_mo_h + s * stride_mo_s + offs_d)
             lse = tl.load(mid_lse + batch * stride_ml_b + head * stride_ml_h + s)
             n_max = tl.maximum(lse, e_max)
@@ -227,8 +270,15 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
                      page_size: int = 1, logit_cap: float = 0.0, block_n: int | None = None,
                      dot_bf16: bool | None = None, num_warps: int = 4, num_stages: int | None = None,
                      lut: int | None = None, int8_f16: int | None = None, fill_waves: bool = True,
-                     maxnreg: int | None = None) -> torch.Tensor:
+                     maxnreg: int | None = None, q_len: int = 1, new_slots: torch.Tensor | None = None
+                     ) -> torch.Tensor:
     """q [B, Hq, D] (float), o [B, Hq, D] (written, every element); kv_indptr [>= B+1], kv_indices int32/int64.
+    q_len > 1 (chain speculative verify): q / o hold q_len tokens per request ([B * q_len, Hq, D], request b's
+    at rows b * q_len..); kv_indptr / kv_indices list each request's prefix only; the new tokens, already
+    stored, are read at new_slots[b * q_len + j] (int, >= B * q_len entries), token j attending to the prefix
+    and new tokens 0..j: what extend_attention(..., is_causal=True, new_slots=...) computes, split over the
+    prefix like a decode step (one program reads each K/V tile once for all q_len x group rows;
+    group * q_len <= MAX_VERIFY_ROWS).
     num_kv_splits: int32 [B] splits per request (each <= max_kv_splits); None = the same count for all: on a
     GPU with fill_waves, the count <= max_kv_splits that wave_splits' model of waves x loop iterations
     prefers for the mean length kv_indices.shape[0] / B, else max_kv_splits.
@@ -239,7 +289,12 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     lut: octave level decode (LUT_SELECT / LUT_PTX; None: level_decode's choice). int8_f16: int8 codes to fp16
     dot operands in PTX (I8_F16_BOTH / I8_F16_V / I8_FLOAT32; None: int8_f16_dots' choice). Returns o."""
     check_planes(fmt, planes)
-    batch, hq, d = q.shape
+    rows, hq, d = q.shape
+    assert q_len >= 1 and rows % q_len == 0, (rows, q_len)
+    batch = rows // q_len
+    if q_len > 1:
+        assert new_slots is not None and new_slots.dim() == 1 and new_slots.shape[0] >= rows, "q_len > 1 needs new_slots"
+        assert not new_slots.is_floating_point(), new_slots.dtype
     h_kv = next(iter(planes.values())).shape[1]
     assert d == fmt.head_dim, (d, fmt.head_dim)
     assert q.is_floating_point() and q.stride(-1) == 1, (q.dtype, q.stride())
@@ -262,21 +317,22 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     if maxnreg is not None:  # a register cap per thread (ptxas spills past it): more programs per SM
         launch_opts["maxnreg"] = maxnreg
     group = hq // h_kv
-    block_h = max(16, triton.next_power_of_2(group))
+    assert q_len == 1 or group * q_len <= MAX_VERIFY_ROWS, (group, q_len)
+    block_h = max(16, triton.next_power_of_2(group * q_len))
     q_in = q
     if fmt.rotated:
         q_in = rotate_rows(q, torch.empty(q.shape, dtype=torch.float32, device=dev), rotation.K_TENSOR, False)
-    mid_o = torch.empty(batch, hq, max_kv_splits, d, dtype=torch.float32, device=dev)
-    mid_lse = torch.empty(batch, hq, max_kv_splits, dtype=torch.float32, device=dev)
+    mid_o = torch.empty(rows, hq, max_kv_splits, d, dtype=torch.float32, device=dev)
+    mid_lse = torch.empty(rows, hq, max_kv_splits, dtype=torch.float32, device=dev)
     kc, ks, vc, vs = attention_planes(fmt, planes)
     args = (q_in, kc, ks, vc, vs, kv_indptr, kv_indices, None, mid_o, mid_lse,
-            sm_scale, kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1),
+            sm_scale, new_slots if new_slots is not None else kv_indices, kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1),
             vs.stride(0), vs.stride(1), q_in.stride(0), q_in.stride(1), mid_o.stride(0), mid_o.stride(1),
             mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
     consts = dict(FMT=kind, GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, MIN_BLOCK=MIN_BLOCK_KV, K_N4=k_n4,
                   V_N4=v_n4, NB=d // 64, LOGIT_CAP=float(logit_cap), DOT_BF16=bf16_dots,
                   LUT=level_decode(q, bf16_dots, lut), I8_F16=int8_f16_dots(kind, q, bf16_dots, int8_f16),
-                  **launch_opts)
+                  Q_LEN=q_len, **launch_opts)
     grid_splits = max_kv_splits
     if num_kv_splits is None:
         splits = max_kv_splits
@@ -294,10 +350,10 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     assert num_kv_splits.shape[0] >= batch, num_kv_splits.shape
     _decode_stage1[(batch, h_kv, grid_splits)](*args[:7], num_kv_splits, *args[8:], **consts)
     out = torch.empty(q.shape, dtype=torch.float32, device=dev) if fmt.rotated else o
-    _decode_stage2[(batch, hq)](
+    _decode_stage2[(rows, hq)](
         mid_o, mid_lse, out, kv_indptr, num_kv_splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),
-        D=d, MAX_SPLITS=max_kv_splits, MIN_BLOCK=MIN_BLOCK_KV)
+        D=d, MAX_SPLITS=max_kv_splits, MIN_BLOCK=MIN_BLOCK_KV, Q_LEN=q_len)
     if fmt.rotated:
         rotate_rows(out, o, rotation.V_TENSOR, True)
     return o

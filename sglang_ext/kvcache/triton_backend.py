@@ -3,10 +3,13 @@
 Everything per batch (kv_indptr / kv_indices / qo_indptr, CUDA-graph buffers, split-KV sizing) is
 TritonAttnBackend's own metadata; only the per-layer calls change: the pool's store kernel writes new K/V,
 `sglang_ext.kernels.decode_attention` / `extend_attention` read the format's planes at kv_indices.
-Speculative decoding: target verify runs through the extend kernel with SGLang's custom mask when the batch
-has one (tree drafts, NGRAM), causally otherwise (chain drafts), and reads the draft tokens back from the
-pool at out_cache_loc (stored first), as decode reads its current token, so that verify computes the logits
-sequential decode would (greedy output with speculation = without); draft extend (DRAFT_EXTEND_V2) is an extend
+Speculative decoding: target verify reads the draft tokens back from the pool at out_cache_loc (stored
+first), as decode reads its current token, so that verify computes the logits sequential decode would (greedy
+output with speculation = without). Chain drafts (EAGLE/NEXTN with topk 1, whose mask is causal) run through
+the decode kernel with q_len tokens per request (split over the prefix like a decode step: the extend kernel
+gives a request's few verify rows one program per KV head, which on an H200 made a 4-token verify over an 8k
+prefix cost 8x a decode step; docs/benchmarks/speculative.md); tree drafts and NGRAM through the extend kernel
+with SGLang's custom mask; draft extend (DRAFT_EXTEND_V2) is an extend
 whose kv lists cover the prefix only, which TritonAttnBackend's metadata already gives.
 Only compile-checked on this project's CPU CI; the kernels themselves are tested against the torch reference.
 """
@@ -52,7 +55,7 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
     def forward_extend(
         self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None, aux_tensors=None
     ):
-        from sglang_ext.kernels import extend_attention
+        from sglang_ext.kernels import decode_attention, extend_attention
 
         self._check(layer, sinks, score_mod, aux_tensors)
         if k is None or v is None:
@@ -67,6 +70,23 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
                                       "from the pool, so it must store them (save_kv_cache)")
         o = torch.empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
         md = self.forward_metadata
+        q_len = chain_verify_len(forward_batch, layer) if verify else 1
+        if q_len > 1:
+            decode_attention(
+                self.kv_format,
+                q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
+                self.kv_pool.layer_planes(layer.layer_id),
+                o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
+                md.kv_indptr,
+                md.kv_indices,
+                layer.scaling,
+                max_kv_splits=self.max_kv_splits,
+                page_size=self.page_size,
+                logit_cap=logit_cap_of(layer),
+                q_len=q_len,
+                new_slots=forward_batch.out_cache_loc,
+            )
+            return o
         verify_mask = md.custom_mask if verify else None
         extend_attention(
             self.kv_format,
@@ -119,3 +139,18 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
             logit_cap=logit_cap_of(layer),
         )
         return o
+
+
+def chain_verify_len(forward_batch, layer) -> int:
+    """Draft tokens per request of a chain verify batch (EAGLE/NEXTN topk 1: each draft's mask is causal over
+    the drafts before it), if the decode kernel can take them; else 1 (the extend kernel with the custom mask)."""
+    from sglang_ext.kernels.decode import MAX_VERIFY_ROWS
+
+    spec = forward_batch.spec_info
+    if getattr(spec, "topk", None) != 1:
+        return 1
+    q_len = int(getattr(spec, "num_tokens_per_req", -1) or -1)
+    if q_len <= 0:  # SGLang fills it from draft_token_num when left at -1
+        q_len = int(getattr(spec, "draft_token_num", 0) or 0)
+    group = layer.tp_q_head_num // layer.tp_k_head_num
+    return q_len if 1 < q_len and q_len * group <= MAX_VERIFY_ROWS else 1

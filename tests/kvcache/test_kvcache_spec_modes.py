@@ -243,3 +243,58 @@ def test_chain_verify_bitwise_equals_decode_in_batch_invariant_mode(name, batch_
     verify, decode = r.verify, r.decode
     differing = int((verify != decode).sum())
     assert differing == 0, f"{name}: {differing} verify outputs differ from decode's in the last bits"
+
+
+@pytest.mark.parametrize("name", ["bf16", "int8", "octave_k3v4"])
+def test_triton_backend_chain_verify_takes_the_decode_kernel(name, monkeypatch):
+    # The GPU backend's target verify, run here under the Triton interpreter with a fake self: a chain batch
+    # (topk 1) goes through decode_attention with q_len tokens per request, a tree batch through the extend
+    # kernel with SGLang's custom mask; with the chain's causal mask both give the reference's output.
+    from sglang_ext import kernels
+    from sglang_ext.kernels import decode as decode_mod
+    from sglang_ext.kvcache import triton_backend
+    from sglang_ext.kvformats import reference
+
+    gen = torch.Generator().manual_seed(5)
+    fmt = get_format(name, DIM, DIM)
+    pool = CompressedMHATokenToKVPool(
+        SIZE, page_size=1, dtype=torch.float32, head_num=H_KV, head_dim=DIM, layer_num=1, device="cpu",
+        enable_memory_saver=False, v_head_dim=DIM, start_layer=0, end_layer=0, enable_alt_stream=False,
+        enable_kv_cache_copy=True, kv_format=fmt,
+    )  # fmt: skip
+    prefix, n = [37, 0, 90], 4
+    slots = torch.randperm(SIZE - 1, generator=gen)[: sum(prefix) + n * len(prefix)] + 1
+    prefix_slots, draft_slots = slots[: sum(prefix)], slots[sum(prefix):]
+    planes = pool.layer_planes(0)
+    kernels.store_kv(fmt, planes, prefix_slots, torch.randn(sum(prefix), H_KV, DIM, generator=gen),
+                     torch.randn(sum(prefix), H_KV, DIM, generator=gen))
+    t = n * len(prefix)
+    q = torch.randn(t, H_KV * GROUP * DIM, generator=gen)
+    k, v = torch.randn(t, H_KV * DIM, generator=gen), torch.randn(t, H_KV * DIM, generator=gen)
+    kv_indptr = torch.tensor([0, 37, 37, 127], dtype=torch.int32)
+    qo_indptr = torch.arange(0, t + 1, n, dtype=torch.int32)
+    chain = torch.ones(n, n, dtype=torch.bool).tril()
+    mask = torch.cat([torch.cat([torch.ones(n, lp, dtype=torch.bool), chain], 1).reshape(-1) for lp in prefix])
+    mask_indptr = torch.tensor([0] + torch.tensor([n * (lp + n) for lp in prefix]).cumsum(0).tolist(), dtype=torch.int32)
+    kernels.store_kv(fmt, planes, draft_slots, k.view(t, H_KV, DIM), v.view(t, H_KV, DIM))  # as verify will
+    ref = reference.extend_attention(fmt, q.view(t, -1, DIM), None, None, planes, qo_indptr, kv_indptr,
+                                     prefix_slots, SCALE, new_slots=draft_slots)
+    calls = []
+    real_decode = decode_mod.decode_attention
+    monkeypatch.setattr(decode_mod, "decode_attention",
+                        lambda *a, **kw: calls.append(kw.get("q_len")) or real_decode(*a, **kw))
+    monkeypatch.setattr(kernels, "decode_attention", decode_mod.decode_attention)
+    for topk, expect in ((1, [n]), (2, [])):
+        backend = object.__new__(triton_backend.CompressedTritonAttnBackend)
+        backend.kv_pool, backend.kv_format, backend._checked_layers = pool, fmt, {0}
+        backend.max_kv_splits, backend.page_size = 4, 1
+        backend._store = lambda layer, fb, k3, v3: kernels.store_kv(fmt, planes, fb.out_cache_loc, k3, v3)
+        backend.forward_metadata = SimpleNamespace(kv_indptr=kv_indptr, kv_indices=prefix_slots, qo_indptr=qo_indptr,
+                                                   custom_mask=mask, mask_indptr=mask_indptr, max_extend_len=n)
+        batch = SimpleNamespace(forward_mode=compat.ForwardMode.TARGET_VERIFY, out_cache_loc=draft_slots,
+                                spec_info=SimpleNamespace(topk=topk, draft_token_num=n, num_tokens_per_req=-1))
+        calls.clear()
+        o = backend.forward_extend(q, k, v, LAYER, batch)
+        assert calls == expect, (topk, calls)
+        err = (o.view(t, -1, DIM) - ref).abs().max().item()
+        assert err < 1e-4, f"{name} topk {topk}: verify differs from the reference by {err}"
