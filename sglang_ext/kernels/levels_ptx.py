@@ -175,6 +175,14 @@ def levels_3bit_planes_ptx(block_ptr, mask_n, BLOCK_N: tl.constexpr):
     hb = tl.load((block_ptr + 16).to(tl.pointer_type(tl.int16))[:, None] + k, mask=m2, other=0).to(tl.int32)
     o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
         PTX_3BIT_PLANES, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [w, hb], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
-    # [k, a, b, c] = o_(4a + 2b + c): the pair of dims 16k + 2p, p = 4a + 2b + c
-    pair = tl.join(tl.join(tl.join(o0, o1), tl.join(o2, o3)), tl.join(tl.join(o4, o5), tl.join(o6, o7)))
-    return _bf16_pairs(tl.reshape(pair, [BLOCK_N, 32]), BLOCK_N)
+    return _bf16_pairs(_pairs_in_order(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_N), BLOCK_N)
+
+
+@triton.jit
+def _pairs_in_order(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_N: tl.constexpr):
+    """Eight [BLOCK_N, 4] tensors, o_p[:, k] for dims 16k + 2p and 16k + 2p + 1 -> [BLOCK_N, 32], pair j of
+    dims 2j, 2j + 1."""
+    # each join appends its axis last, so the nesting is bit-reversed: [k, c, b, a] = o_(4c + 2b + a), the pair of
+    # dims 16k + 2p with p = 4c + 2b + a (tests/kernels/test_levels_ptx.py checks this order under the interpreter)
+    pair = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
+    return tl.reshape(pair, [BLOCK_N, 32])
