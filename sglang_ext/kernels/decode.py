@@ -28,7 +28,9 @@ from .tiles import accumulate, load_q_blocks, q_blocks_f16, scores, store_blocks
 
 MIN_BLOCK_KV = 32
 DEFAULT_MAX_KV_SPLITS = 16
-LUT_SELECT, LUT_PTX, LUT_PTX_CODES = 0, 1, 2  # octave level decode (tiles.octave_levels)
+# octave level decode (tiles.octave_levels): select tree; PTX lookups, 3-bit blocks from their packed planes; PTX
+# lookups, 3-bit codes unpacked by Triton first (slower on an H200: docs/benchmarks/kernels.md, round 8)
+LUT_SELECT, LUT_PTX, LUT_PTX_CODES = 0, 1, 2
 # tokens per loop iteration by (format kind, head_dim), measured on an H200 at batch 8 x 32k (benchmarks/
 # kernels_variants.py; docs/benchmarks/kernels.md)
 DEFAULT_BLOCK_N = {(tables.FMT_BF16, 128): 64, (tables.FMT_BF16, 256): 64, (tables.FMT_INT8, 128): 128,
@@ -150,7 +152,8 @@ def attention_planes(fmt: KVFormat, planes: dict[str, torch.Tensor]):
         return planes["k"], ph, planes["v"], ph
     if tables.format_kind(fmt) == tables.FMT_OCTAVE:  # 3-bit planes are read as int32 / int16 (tiles.octave_levels)
         for c in (planes["k_codes"], planes["v_codes"]):
-            assert c.data_ptr() % 8 == 0 and c.stride(0) % 8 == 0 and c.stride(1) % 8 == 0, (c.stride(), c.data_ptr())
+            assert c.data_ptr() % 8 == 0 and c.stride(0) % 8 == 0 and c.stride(1) % 8 == 0, (c.stride(),
+                                                                                             c.data_ptr())
     return planes["k_codes"], planes["k_scales"], planes["v_codes"], planes["v_scales"]
 
 
@@ -239,8 +242,8 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     None = on a GPU, not under the CPU interpreter (where float32 keeps tests exact). block_n: tokens per loop
     iteration (None: default_block_n); num_stages: Triton's pipelining depth (None: its default); maxnreg:
     registers per thread at most (None: ptxas's choice);
-    lut: octave level decode (LUT_SELECT / LUT_PTX / LUT_PTX_CODES; None: level_decode's choice). int8_f16: int8 codes to fp16
-    dot operands in PTX (I8_F16_BOTH / I8_F16_V / I8_FLOAT32; None: int8_f16_dots' choice). Returns o."""
+    lut: octave level decode (LUT_SELECT / LUT_PTX / LUT_PTX_CODES; None: level_decode's choice). int8_f16: int8
+    codes to fp16 dot operands in PTX (I8_F16_BOTH / I8_F16_V / I8_FLOAT32; None: int8_f16_dots' choice). Returns o."""
     check_planes(fmt, planes)
     batch, hq, d = q.shape
     h_kv = next(iter(planes.values())).shape[1]

@@ -6,8 +6,9 @@ pattern are two such tables. A 3-bit code indexes 8 levels directly; a 4-bit cod
 its magnitude in the positive half (the codebook is symmetric) and its sign bit set from a mask made by
 prmt's sign-replicate mode. About 2.5 (4-bit) to 3 instructions per code, against about 20 for the select tree
 (tiles.level_of); the values are the levels rounded to bf16 (round to nearest even), exactly what the select
-tree's levels become as bf16 dot operands. Used only when the dots take bf16 operands on an NVIDIA GPU; the
-interpreter and AMD use the select tree.
+tree's levels become as bf16 dot operands. A 3-bit block is decoded either from codes Triton unpacked first
+(PTX_3BIT) or, the default, straight from its packed planes (PTX_3BIT_PLANES, about 2.3 instructions per code).
+Used only when the dots take bf16 operands on an NVIDIA GPU; the interpreter and AMD use the select tree.
 """
 
 from __future__ import annotations

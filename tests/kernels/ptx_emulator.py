@@ -1,5 +1,6 @@
-"""A small emulator of the PTX instructions our inline-asm helpers use (mov, and, or, xor, not, sub.u32, shr.u32, shl.b32, prmt in its
-default mode, lop3, sub.rn.f16x2), so their instruction text can be checked exhaustively on the CPU."""
+"""A small emulator of the PTX instructions our inline-asm helpers use (mov, and, or, xor, not, sub.u32, shr.u32,
+shl.b32, prmt in its default mode, lop3, sub.rn.f16x2), so their instruction text can be checked exhaustively on
+the CPU."""
 
 import torch
 
