@@ -40,8 +40,8 @@ CASES = ((128, "octave_k3v3"), (256, "octave_k3v4"), (256, "octave_k3v3"), (128,
 
 
 def check(fmt, hq, hkv, d, lut, page_size, device, gen) -> float:
-    """Relative error against the torch reference (ragged batch of 3, slots in shuffled pages), NaN if an output element
-    was left unwritten."""
+    """Relative error against the torch reference (ragged batch of 3, slots in shuffled pages), NaN if an output
+    element was left unwritten."""
     lens = [700, 1, 2100]
     pages = [-(-n // page_size) for n in lens]
     n_pages = sum(pages) + 8
