@@ -2,8 +2,8 @@
 
 Plan per call: rotate q into the K basis (octave), stage 1 grid (batch, kv_head, split) — one program
 handles all q heads of a KV head's group, so each K/V byte is read once per group (with q_len > 1, chain
-speculative verify: all q_len x group rows) — writes partial outputs and log-sum-exps; stage 2 grid (batch, q_head) merges the splits; octave outputs, accumulated in V's rotated
-basis, are un-rotated once at the end.
+speculative verify: all q_len x group rows) — writes partial outputs and log-sum-exps; stage 2 grid (q row,
+q_head) merges the splits; octave outputs, accumulated in V's rotated basis, are un-rotated once at the end.
 
 kv_indices hold token-level slot ids (request b's are kv_indices[kv_indptr[b]:kv_indptr[b+1]]). With
 page_size > 1 SGLang hands out slots in runs of page_size consecutive ids and still passes token-level ids;
@@ -29,7 +29,9 @@ from .tiles import accumulate, load_q_blocks, q_blocks_f16, scores, store_blocks
 MIN_BLOCK_KV = 32
 DEFAULT_MAX_KV_SPLITS = 16
 MAX_VERIFY_ROWS = 64  # q_len x group rows of one verify program (decode_attention with q_len > 1)
-LUT_SELECT, LUT_PTX = 0, 1  # octave level decode (tiles.octave_levels)
+# octave level decode (tiles.octave_levels): select tree; PTX lookups, 3-bit blocks from their packed planes; PTX
+# lookups, 3-bit codes unpacked by Triton first (slower on an H200: docs/benchmarks/kernels.md, round 8)
+LUT_SELECT, LUT_PTX, LUT_PTX_CODES = 0, 1, 2
 # tokens per loop iteration by (format kind, head_dim), measured on an H200 at batch 8 x 32k (benchmarks/
 # kernels_variants.py; docs/benchmarks/kernels.md)
 DEFAULT_BLOCK_N = {(tables.FMT_BF16, 128): 64, (tables.FMT_BF16, 256): 64, (tables.FMT_INT8, 128): 128,
@@ -191,6 +193,10 @@ def attention_planes(fmt: KVFormat, planes: dict[str, torch.Tensor]):
     if tables.format_kind(fmt) == tables.FMT_BF16:
         ph = tables.identity_placeholder(planes["k"].device).view(1, 1, 1)
         return planes["k"], ph, planes["v"], ph
+    if tables.format_kind(fmt) == tables.FMT_OCTAVE:  # 3-bit planes are read as int32 / int16 (tiles.octave_levels)
+        for c in (planes["k_codes"], planes["v_codes"]):
+            assert c.data_ptr() % 8 == 0 and c.stride(0) % 8 == 0 and c.stride(1) % 8 == 0, (c.stride(),
+                                                                                             c.data_ptr())
     return planes["k_codes"], planes["k_scales"], planes["v_codes"], planes["v_scales"]
 
 
@@ -198,8 +204,8 @@ def level_decode(x: torch.Tensor, dot_bf16: bool, requested: int | None) -> int:
     """Octave level decode mode (tiles.octave_levels): the PTX lookup when the dots take bf16 operands on an
     NVIDIA GPU (not under the interpreter, not on AMD), else the select tree; `requested` overrides."""
     if requested is not None:
-        assert requested in (LUT_SELECT, LUT_PTX), requested
-        assert requested != LUT_PTX or dot_bf16, "the PTX level lookup yields bf16 values: needs bf16 dot operands"
+        assert requested in (LUT_SELECT, LUT_PTX, LUT_PTX_CODES), requested
+        assert requested == LUT_SELECT or dot_bf16, "the PTX level lookup yields bf16 values: needs bf16 dot operands"
         return requested
     return LUT_PTX if dot_bf16 and x.is_cuda and torch.version.hip is None else LUT_SELECT
 
@@ -286,8 +292,8 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     None = on a GPU, not under the CPU interpreter (where float32 keeps tests exact). block_n: tokens per loop
     iteration (None: default_block_n); num_stages: Triton's pipelining depth (None: its default); maxnreg:
     registers per thread at most (None: ptxas's choice);
-    lut: octave level decode (LUT_SELECT / LUT_PTX; None: level_decode's choice). int8_f16: int8 codes to fp16
-    dot operands in PTX (I8_F16_BOTH / I8_F16_V / I8_FLOAT32; None: int8_f16_dots' choice). Returns o."""
+    lut: octave level decode (LUT_SELECT / LUT_PTX / LUT_PTX_CODES; None: level_decode's choice). int8_f16: int8
+    codes to fp16 dot operands in PTX (I8_F16_BOTH / I8_F16_V / I8_FLOAT32; None: int8_f16_dots' choice). Returns o."""
     check_planes(fmt, planes)
     rows, hq, d = q.shape
     assert q_len >= 1 and rows % q_len == 0, (rows, q_len)

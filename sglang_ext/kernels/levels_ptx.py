@@ -6,8 +6,9 @@ pattern are two such tables. A 3-bit code indexes 8 levels directly; a 4-bit cod
 its magnitude in the positive half (the codebook is symmetric) and its sign bit set from a mask made by
 prmt's sign-replicate mode. About 2.5 (4-bit) to 3 instructions per code, against about 20 for the select tree
 (tiles.level_of); the values are the levels rounded to bf16 (round to nearest even), exactly what the select
-tree's levels become as bf16 dot operands. Used only when the dots take bf16 operands on an NVIDIA GPU; the
-interpreter and AMD use the select tree.
+tree's levels become as bf16 dot operands. A 3-bit block is decoded either from codes Triton unpacked first
+(PTX_3BIT) or, the default, straight from its packed planes (PTX_3BIT_PLANES, 36 PTX instructions per 16 codes).
+Used only when the dots take bf16 operands on an NVIDIA GPU; the interpreter and AMD use the select tree.
 """
 
 from __future__ import annotations
@@ -89,17 +90,64 @@ def _ptx_3bit() -> str:
 }""")
 
 
+def _ptx_3bit_planes() -> str:
+    """16 codes of a 3-bit block straight from its packed planes -> $0..$7, the bf16 pairs of dims (2p, 2p+1).
+    $8: a 32-bit word of the 2-bit plane (dim j at bits 2j..2j+1, j < 16), $9: the 1-bit plane's 16 bits of the
+    same dims (dim j at bit j; bits 16.. ignored). Selector nibbles are built for the even dims (se) and the odd
+    dims (so): the 2-bit fields by one mask each (nibble n of w & 0x33333333 is dim 2n, of (w >> 2) & ... dim
+    2n+1), the high bits by spreading $9's 16 bits to 2 bits per nibble (prmt, then two shift-or-mask steps:
+    nibble n holds bits 2n, 2n+1) and shifting each into bit 2. A byte-interleaving prmt of se and so gives
+    selector words whose 16-bit halves hold dims (4g, 4g+2, 4g+1, 4g+3); the hi- and lo-byte lookups of the
+    8-level table then pair up as bf16 (4g, 4g+1) and (4g+2, 4g+3) in one prmt each. 36 instructions for 16 codes
+    (the table moves are constants hoisted by ptxas), against about 9 per code when Triton unpacks the codes
+    first (codes_block, then _ptx_3bit)."""
+    t = _tables(3)
+    consts = "".join(f"\n    mov.b32 {k}, {v:#010x};" for k, v in t.items())
+    group = """
+    prmt.b32 h, h0, h1, {s};
+    prmt.b32 l, l0, l1, {s};
+    prmt.b32 {o0}, l, h, p01;
+    prmt.b32 {o1}, l, h, p23;"""
+    return ("{\n    .reg .b32 we, wo, z, t, se, so, a, b, h, l, zero, i40, i51, i73, p01, p23, "
+            + ", ".join(t) + ";" + consts + """
+    mov.b32 zero, 0;
+    mov.b32 i40, 0x4140;
+    mov.b32 i51, 0x5140;
+    mov.b32 i73, 0x7362;
+    mov.b32 p01, 0x6240;
+    mov.b32 p23, 0x7351;
+    and.b32 we, $8, 0x33333333;
+    shr.u32 wo, $8, 2;
+    and.b32 wo, wo, 0x33333333;
+    prmt.b32 z, $9, zero, i40;
+    shl.b32 t, z, 4;
+    or.b32 z, z, t;
+    and.b32 z, z, 0x0F0F0F0F;
+    shl.b32 t, z, 2;
+    or.b32 z, z, t;
+    and.b32 z, z, 0x33333333;
+    shl.b32 t, z, 2;
+    and.b32 t, t, 0x44444444;
+    or.b32 se, we, t;
+    shl.b32 t, z, 1;
+    and.b32 t, t, 0x44444444;
+    or.b32 so, wo, t;
+    prmt.b32 a, se, so, i51;
+    prmt.b32 b, se, so, i73;""" + group.format(s="a", o0="$0", o1="$1") + """
+    shr.u32 a, a, 16;""" + group.format(s="a", o0="$2", o1="$3") + group.format(s="b", o0="$4", o1="$5") + """
+    shr.u32 b, b, 16;""" + group.format(s="b", o0="$6", o1="$7") + "\n}")
+
+
 PTX_4BIT: tl.constexpr = tl.constexpr(_ptx_4bit())
 PTX_3BIT: tl.constexpr = tl.constexpr(_ptx_3bit())
+PTX_3BIT_PLANES: tl.constexpr = tl.constexpr(_ptx_3bit_planes())
 
 
 @triton.jit
 def levels_4bit_ptx(byte, BLOCK_N: tl.constexpr):
     """uint8 [BLOCK_N, 32] packed 4-bit codes -> bf16 levels [BLOCK_N, 64] (dim 2j: low nibble of byte j)."""
     pair = tl.inline_asm_elementwise(PTX_4BIT, "=r,=r,=r,=r,r", [byte], dtype=tl.int32, is_pure=True, pack=4)
-    even = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    odd = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return tl.reshape(tl.join(even, odd), [BLOCK_N, 64])
+    return _bf16_pairs(pair, BLOCK_N)
 
 
 @triton.jit
@@ -107,3 +155,35 @@ def levels_3bit_ptx(code):
     """3-bit codes (any int tensor, values < 8) -> bf16 levels of the same shape."""
     return tl.inline_asm_elementwise(PTX_3BIT, "=r,=r,r", [code.to(tl.uint8)], dtype=tl.bfloat16, is_pure=True,
                                      pack=4)
+
+
+@triton.jit
+def _bf16_pairs(pair, BLOCK_N: tl.constexpr):
+    """int32 [BLOCK_N, 32] bf16 pairs (low half first) -> bf16 [BLOCK_N, 64]."""
+    even = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    odd = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return tl.reshape(tl.join(even, odd), [BLOCK_N, 64])
+
+
+@triton.jit
+def levels_3bit_planes_ptx(block_ptr, mask_n, BLOCK_N: tl.constexpr):
+    """bf16 levels [BLOCK_N, 64] of a 3-bit block whose 24 packed bytes start at block_ptr (uint8 pointers
+    [BLOCK_N], each a multiple of 8 bytes: tiles.kv_block): the 2-bit plane read as 4 int32 words per row (word
+    k: dims 16k..16k+15), the 1-bit plane as 4 int16 halfwords (the same dims), one PTX_3BIT_PLANES per word."""
+    m2 = mask_n[:, None]
+    k = tl.arange(0, 4)[None, :]
+    w = tl.load(block_ptr.to(tl.pointer_type(tl.int32))[:, None] + k, mask=m2, other=0)
+    hb = tl.load((block_ptr + 16).to(tl.pointer_type(tl.int16))[:, None] + k, mask=m2, other=0).to(tl.int32)
+    o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+        PTX_3BIT_PLANES, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [w, hb], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+    return _bf16_pairs(_pairs_in_order(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_N), BLOCK_N)
+
+
+@triton.jit
+def _pairs_in_order(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_N: tl.constexpr):
+    """Eight [BLOCK_N, 4] tensors, o_p[:, k] for dims 16k + 2p and 16k + 2p + 1 -> [BLOCK_N, 32], pair j of
+    dims 2j, 2j + 1."""
+    # each join appends its axis last, so the nesting is bit-reversed: [k, c, b, a] = o_(4c + 2b + a), the pair of
+    # dims 16k + 2p with p = 4c + 2b + a (tests/kernels/test_levels_ptx.py checks this order under the interpreter)
+    pair = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
+    return tl.reshape(pair, [BLOCK_N, 32])

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ..kvformats.codebook import LEVELS
 from .int8_ptx import int8_to_f16_ptx
-from .levels_ptx import levels_3bit_ptx, levels_4bit_ptx
+from .levels_ptx import levels_3bit_planes_ptx, levels_3bit_ptx, levels_4bit_ptx
 
 # Positive Lloyd-Max levels as compile-time constants (the negative half is the exact mirror).
 P4_0: tl.constexpr = tl.constexpr(LEVELS[4][8])
@@ -71,11 +71,15 @@ def codes_block(row_ptr, mask_n, OFF: tl.constexpr, BITS: tl.constexpr, BLOCK_N:
 @triton.jit
 def octave_levels(row_ptr, mask_n, OFF: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, LUT: tl.constexpr):
     """Levels [BLOCK_N, 64] of the block whose packed bytes start OFF bytes into each row: float32 from the select
-    tree (LUT 0), or bf16 from PTX byte-permute lookups (LUT 1, NVIDIA only; levels_ptx.py)."""
-    if LUT == 1:
+    tree (LUT 0), or bf16 from PTX byte-permute lookups (NVIDIA only; levels_ptx.py), 3-bit blocks decoded from
+    their packed planes (LUT 1) or from codes unpacked by Triton first (LUT 2, the earlier path)."""
+    if LUT != 0:
         if BITS == 4:
             byte = tl.load(row_ptr[:, None] + OFF + tl.arange(0, 32)[None, :], mask=mask_n[:, None], other=0)
             x = levels_4bit_ptx(byte, BLOCK_N)
+        elif LUT == 1:
+            tl.static_assert(OFF % 8 == 0)  # with 8-byte aligned rows: the planes' word / halfword loads align
+            x = levels_3bit_planes_ptx(row_ptr + OFF, mask_n, BLOCK_N)
         else:
             x = levels_3bit_ptx(codes_block(row_ptr, mask_n, OFF, 3, BLOCK_N))
     else:

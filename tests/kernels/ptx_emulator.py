@@ -1,5 +1,6 @@
-"""A small emulator of the PTX instructions our inline-asm helpers use (mov, and, or, xor, not, sub.u32, shr.u32, prmt in its
-default mode, lop3, sub.rn.f16x2), so their instruction text can be checked exhaustively on the CPU."""
+"""A small emulator of the PTX instructions our inline-asm helpers use (mov, and, or, xor, not, sub.u32, shr.u32,
+shl.b32, prmt in its default mode, lop3, sub.rn.f16x2), so their instruction text can be checked exhaustively on
+the CPU."""
 
 import torch
 
@@ -42,6 +43,8 @@ def run(asm: str, inputs: list[int], num_out: int) -> list[int]:
             regs[a[0]] = val(a[1]) | val(a[2])
         elif op == "shr.u32":
             regs[a[0]] = (val(a[1]) & M32) >> val(a[2])
+        elif op == "shl.b32":
+            regs[a[0]] = (val(a[1]) << val(a[2])) & M32
         elif op == "prmt.b32":
             regs[a[0]] = _prmt(val(a[1]), val(a[2]), val(a[3]))
         elif op == "not.b32":

@@ -34,3 +34,37 @@ def test_3bit_lookup_gives_every_code_its_bf16_level():
         outs = _run(asm, [sum(c << (8 * i) for i, c in enumerate(codes))], 2)
         expect = [want[codes[0]] | (want[codes[1]] << 16), want[codes[2]] | (want[codes[3]] << 16)]
         assert outs == expect, f"codes {codes}: {[hex(o) for o in outs]} != {[hex(e) for e in expect]}"
+
+
+def test_3bit_planes_lookup_gives_every_code_its_bf16_level():
+    """Each 4 dims' 12 bits (a byte of the 2-bit plane and its 4 high bits) over all 4096 values, in each of the 4
+    positions of a word, the other dims random and the halfword's upper 16 bits set (they must be ignored)."""
+    want = _bf16_bits(3)
+    asm = levels_ptx.PTX_3BIT_PLANES.value
+    gen = torch.Generator().manual_seed(0)
+    rand = torch.randint(0, 2 ** 16, (4, 4096, 3), generator=gen).tolist()
+    for q in range(4):
+        for v in range(4096):
+            r0, r1, r2 = rand[q][v]
+            w = (r0 | r1 << 16) & ~(0xFF << (8 * q)) | ((v & 0xFF) << (8 * q))
+            h = r2 & ~(0xF << (4 * q)) | ((v >> 8) << (4 * q))
+            outs = _run(asm, [w, h | 0xABCD0000], 8)
+            codes = [((w >> (2 * j)) & 3) | (((h >> j) & 1) << 2) for j in range(16)]
+            expect = [want[codes[2 * p]] | (want[codes[2 * p + 1]] << 16) for p in range(8)]
+            assert outs == expect, f"w {w:#010x} h {h:#06x}: {[hex(o) for o in outs]} != {[hex(e) for e in expect]}"
+
+
+def test_3bit_planes_pairs_land_in_dim_order():
+    """The join tree after PTX_3BIT_PLANES (run by the interpreter): output p of word k must become pair 8k + p."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kern(out, BLOCK_N: tl.constexpr):
+        r = tl.arange(0, BLOCK_N)[:, None] * 1000 + tl.arange(0, 4)[None, :] * 8
+        pair = levels_ptx._pairs_in_order(r, r + 1, r + 2, r + 3, r + 4, r + 5, r + 6, r + 7, BLOCK_N)
+        tl.store(out + tl.arange(0, BLOCK_N)[:, None] * 32 + tl.arange(0, 32)[None, :], pair)
+
+    out = torch.zeros(2, 32, dtype=torch.int32)
+    kern[(1,)](out, BLOCK_N=2)
+    assert out.tolist() == [[n * 1000 + j for j in range(32)] for n in range(2)], out

@@ -1,0 +1,123 @@
+"""The two PTX 3-bit level decodes timed in alternation with SGLang's bf16 kernel, in one process, at batch 8 x
+32k (round 8; issue 3):
+
+    PYTHONUNBUFFERED=1 python3 benchmarks/kernels_alternate_lut.py --out $OUT/lut.json [--rounds 7]   # on the H200
+
+`decode.LUT_PTX` decodes a 3-bit block from its packed planes in one PTX routine (levels_ptx.PTX_3BIT_PLANES);
+`decode.LUT_PTX_CODES` unpacks the codes with Triton first (tiles.codes_block, then PTX_3BIT). Before timing, every
+octave format at d128 / d256 (64 / 32 q heads), page sizes 1 and 16, with both lookups, is compared with the torch
+reference over stored K/V (ragged batch, shuffled slots, output poisoned with NaN). Per case SGLang's bf16 kernel
+and each lookup are timed one after the other, `--rounds` times, each a `triton.testing.do_bench` median; a copy
+of 4 GiB gives the bandwidth the shares are taken of (bytes read: the K/V code and scale planes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from kernels_bench import HEAD_CONFIGS  # noqa: E402
+from kernels_check import rel_err  # noqa: E402
+from kernels_profile import random_planes  # noqa: E402
+from kernels_variants import decode_inputs  # noqa: E402
+
+from sglang_ext import kernels  # noqa: E402
+from sglang_ext.kernels import decode as dec  # noqa: E402
+from sglang_ext.kvformats import get_format, reference  # noqa: E402
+
+LUTS = {"planes": dec.LUT_PTX, "codes": dec.LUT_PTX_CODES}
+CASES = ((128, "octave_k3v3"), (256, "octave_k3v4"), (256, "octave_k3v3"), (128, "octave_k3v4"))
+
+
+def check(fmt, hq, hkv, d, lut, page_size, device, gen) -> float:
+    """Relative error against the torch reference (ragged batch of 3, slots in shuffled pages), NaN if an output
+    element was left unwritten."""
+    lens = [700, 1, 2100]
+    pages = [-(-n // page_size) for n in lens]
+    n_pages = sum(pages) + 8
+    perm = torch.randperm(n_pages, device=device)[:sum(pages)]
+    slots, at = [], 0
+    for n, p in zip(lens, pages):
+        pg = perm[at:at + p]
+        at += p
+        slots.append((pg[:, None] * page_size + torch.arange(page_size, device=device)[None, :]).flatten()[:n])
+    slots = torch.cat(slots)
+    n = sum(lens)
+    planes = fmt.allocate(n_pages * page_size, hkv, device)
+    k = torch.randn(n, hkv, d, device=device, generator=gen)
+    v = torch.randn(n, hkv, d, device=device, generator=gen)
+    kernels.store_kv(fmt, planes, slots, k.to(torch.bfloat16), v.to(torch.bfloat16))
+    indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    q = torch.randn(len(lens), hq, d, device=device, generator=gen).to(torch.bfloat16)
+    ref = reference.decode_attention(fmt, q, planes, indptr, slots, d ** -0.5)
+    o = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device=device)
+    # token-level slot ids in runs of page_size consecutive slots, as SGLang passes them (decode.py's docstring)
+    kernels.decode_attention(fmt, q, planes, o, indptr, slots, d ** -0.5, page_size=page_size, lut=lut)
+    return rel_err(o.float(), ref) if not o.isnan().any() else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    device = "cuda"
+    gen = torch.Generator(device=device).manual_seed(0)
+    res = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rounds": args.rounds,
+           "checks": {}, "cases": {}}
+    src = torch.empty(4 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    t = triton.testing.do_bench(lambda: dst.copy_(src), warmup=5, rep=100, quantiles=[0.5])
+    res["copy_TBps"] = copy_tbps = 2 * src.numel() / (t * 1e-3) / 1e12
+    del src, dst
+    print(f"copy {copy_tbps:.3f} TB/s", flush=True)
+    for d in (128, 256):
+        hq, hkv, rot = HEAD_CONFIGS[d]
+        for name in ("octave_k3v4", "octave_k3v3"):
+            fmt = get_format(name, head_dim=d, rotary_dim=rot)
+            for ps in (1, 16):
+                for ln, lut in LUTS.items():
+                    e = check(fmt, hq, hkv, d, lut, ps, device, gen)
+                    res["checks"][f"d{d} {name} page{ps} {ln}"] = e
+                    print(f"check d{d} {name} page {ps} {ln}: {e:.2e}", flush=True)
+    assert all(e < 2e-2 for e in res["checks"].values()), res["checks"]
+    batch, ctx = 8, 32768
+    for d, name in CASES:
+        hq, hkv, rot = HEAD_CONFIGS[d]
+        fmt = get_format(name, head_dim=d, rotary_dim=rot)
+        tokens, indptr, idx, q, o, kb, vb, sm, base = decode_inputs(batch, ctx, hq, hkv, d, device, gen)
+        planes = random_planes(fmt, tokens, hkv, device, gen)
+        nbytes = sum(p.numel() * p.element_size() for p in planes.values())
+        runs = {"sglang_bf16": lambda: base.run(q, kb, vb, o, indptr, idx, sm)}
+        for ln, lut in LUTS.items():
+            runs[ln] = (lambda m: lambda: kernels.decode_attention(fmt, q, planes, o, indptr, idx, sm, lut=m))(lut)
+        times = {n: [] for n in runs}
+        for r in range(args.rounds):
+            for n, fn in runs.items():
+                times[n].append(triton.testing.do_bench(fn, warmup=10, rep=60, quantiles=[0.5]) * 1e3)
+            print(f"d{d} {name} round {r}: " + " ".join(f"{n}={t[-1]:.0f}us" for n, t in times.items()), flush=True)
+        med = {n: statistics.median(t) for n, t in times.items()}
+        summary = {n: {"median_us": m, "min_us": min(times[n]), "max_us": max(times[n]),
+                       "speedup_vs_sglang": med["sglang_bf16"] / m} for n, m in med.items()}
+        for n in LUTS:
+            summary[n]["TBps"] = nbytes / (med[n] * 1e-6) / 1e12
+            summary[n]["copy_share"] = summary[n]["TBps"] / copy_tbps
+        res["cases"][f"d{d} {name}"] = {"bytes_read": nbytes, "times_us": times, "summary": summary}
+        print(f"d{d} {name} medians: " + " ".join(f"{n}={s['median_us']:.0f}us ({s['speedup_vs_sglang']:.2f}x)"
+                                                  for n, s in summary.items()), flush=True)
+        del planes, kb, vb
+    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
