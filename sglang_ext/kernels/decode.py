@@ -29,6 +29,19 @@ from .tiles import accumulate, load_q_blocks, q_blocks_f16, scores, store_blocks
 MIN_BLOCK_KV = 32
 DEFAULT_MAX_KV_SPLITS = 16
 MAX_VERIFY_ROWS = 64  # q_len x group rows of one verify program (decode_attention with q_len > 1)
+# Octave tiles of 16 tokens under dots of at most 32 rows give wrong attention on an H200 with Triton 3.6 (decode
+# and extend, select tree and PTX lookups alike: max error 1.1-2.3 against 1e-3..9e-3 with 32-token tiles; with 64
+# or 128 rows, 16-token tiles pass; the dequant kernel at 16 is right; not root-caused: docs/benchmarks/kernels.md
+# round 9). The launchers raise such tiles to this size on a GPU; the interpreter keeps the asked size.
+OCTAVE_GPU_MIN_BLOCK_N = 32
+
+
+def tile_tokens(kind: int, block_n: int, rows: int, x: torch.Tensor) -> int:
+    """block_n as launched for dots of `rows` rows: at least OCTAVE_GPU_MIN_BLOCK_N for octave on a GPU when
+    rows <= 32 (see there)."""
+    if kind == tables.FMT_OCTAVE and x.is_cuda and rows <= 32:
+        return max(block_n, OCTAVE_GPU_MIN_BLOCK_N)
+    return block_n
 # octave level decode (tiles.octave_levels): select tree; PTX lookups, 3-bit blocks from their packed planes; PTX
 # lookups, 3-bit codes unpacked by Triton first (slower on an H200: docs/benchmarks/kernels.md, round 8)
 LUT_SELECT, LUT_PTX, LUT_PTX_CODES = 0, 1, 2
@@ -325,6 +338,7 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     group = hq // h_kv
     assert q_len == 1 or group * q_len <= MAX_VERIFY_ROWS, (group, q_len)
     block_h = max(16, triton.next_power_of_2(group * q_len))
+    block_n = tile_tokens(kind, block_n, block_h, q)
     q_in = q
     if fmt.rotated:
         q_in = rotate_rows(q, torch.empty(q.shape, dtype=torch.float32, device=dev), rotation.K_TENSOR, False)
@@ -338,7 +352,7 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     consts = dict(FMT=kind, GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, MIN_BLOCK=MIN_BLOCK_KV, K_N4=k_n4,
                   V_N4=v_n4, NB=d // 64, LOGIT_CAP=float(logit_cap), DOT_BF16=bf16_dots,
                   LUT=level_decode(q, bf16_dots, lut), I8_F16=int8_f16_dots(kind, q, bf16_dots, int8_f16),
-                  Q_LEN=q_len, **launch_opts)
+                  Q_LEN=q_len, BLOCK_T=tile_tokens(kind, 16, block_h, q), **launch_opts)
     grid_splits = max_kv_splits
     if num_kv_splits is None:
         splits = max_kv_splits

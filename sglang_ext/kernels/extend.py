@@ -33,7 +33,7 @@ import triton.language as tl
 from ..kvformats import KVFormat, rotation
 from . import tables
 from .checks import check_planes
-from .decode import _tanh, attention_planes, layout, level_decode, use_bf16_dots
+from .decode import _tanh, attention_planes, layout, level_decode, tile_tokens, use_bf16_dots
 from .dequant import dequantize_rotated
 from .rotate import rotate_rows
 from .tiles import accumulate, load_q_blocks, scores, store_blocks
@@ -248,6 +248,7 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
         block_m = max(1, ROWS_PER_PROGRAM[d] // block_g)
     if block_n is None:
         block_n = BLOCK_N[d]
+    block_n = tile_tokens(kind, block_n, block_m * block_g, q_extend)
     launch_opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     use_mask = custom_mask is not None
     mask_bits = custom_mask.view(torch.uint8) if use_mask else qo_indptr
