@@ -55,7 +55,7 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
     def forward_extend(
         self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None, aux_tensors=None
     ):
-        from sglang_ext.kernels import decode_attention, extend_attention
+        from sglang_ext.kernels import extend_attention
 
         self._check(layer, sinks, score_mod, aux_tensors)
         if k is None or v is None:
@@ -72,21 +72,7 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         md = self.forward_metadata
         q_len = chain_verify_len(forward_batch, layer) if verify else 1
         if q_len > 1:
-            decode_attention(
-                self.kv_format,
-                q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
-                self.kv_pool.layer_planes(layer.layer_id),
-                o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
-                md.kv_indptr,
-                md.kv_indices,
-                layer.scaling,
-                max_kv_splits=self.max_kv_splits,
-                page_size=self.page_size,
-                logit_cap=logit_cap_of(layer),
-                q_len=q_len,
-                new_slots=forward_batch.out_cache_loc,
-            )
-            return o
+            return self._decode(q, o, layer, q_len=q_len, new_slots=forward_batch.out_cache_loc)
         verify_mask = md.custom_mask if verify else None
         extend_attention(
             self.kv_format,
@@ -112,8 +98,6 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
     def forward_decode(
         self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None, aux_tensors=None
     ):
-        from sglang_ext.kernels import decode_attention
-
         self._check(layer, sinks, score_mod, aux_tensors)
         q = q.reshape(-1, layer.tp_q_head_num * layer.qk_head_dim)
         if save_kv_cache:
@@ -124,6 +108,13 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
                 v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
             )
         o = torch.empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
+        return self._decode(q, o, layer, num_kv_splits=self.forward_metadata.num_kv_splits)
+
+    def _decode(self, q, o, layer, **kwargs):
+        """decode_attention over this layer's planes and the batch's kv lists into o; kwargs: num_kv_splits, or
+        q_len / new_slots for a chain verify. Returns o."""
+        from sglang_ext.kernels import decode_attention
+
         md = self.forward_metadata
         decode_attention(
             self.kv_format,
@@ -133,10 +124,10 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
             md.kv_indptr,
             md.kv_indices,
             layer.scaling,
-            num_kv_splits=md.num_kv_splits,
             max_kv_splits=self.max_kv_splits,
             page_size=self.page_size,
             logit_cap=logit_cap_of(layer),
+            **kwargs,
         )
         return o
 
