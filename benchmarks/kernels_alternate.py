@@ -1,13 +1,19 @@
-"""int8 decode conversion modes timed in alternation, in one process, at batch 8 x 32k (the issue-3 shape).
+"""Decode launcher variants timed in alternation with SGLang's bf16 kernel, in one process, at batch 8 x 32k (the
+issue-3 shape):
 
-    PYTHONUNBUFFERED=1 python3 benchmarks/kernels_alternate.py --out $OUT/alt-1.json [--rounds 7]   # on the H200
+    PYTHONUNBUFFERED=1 python3 benchmarks/kernels_alternate.py --out $OUT/alt.json [--rounds 7] \
+        [--cases 128:int8,256:int8] [--variant NAME='{"num_warps": 8}' ...]      # on the H200, carrying .whl
 
-Round 6 saw the same command time one variant 209 us in one process and 258 us in another, while the default
-moved 238 -> 279 us between two processes: a single timing per process cannot choose a default. Here, per head_dim,
-SGLang's bf16 kernel and each int8 mode (`decode.I8_F16_BOTH`, `decode.I8_F16_V`) are timed one after the other,
-`--rounds` times, over the same inputs, each a `triton.testing.do_bench` median; every mode is first checked
-against the torch reference on a small ragged shape. Run it in two processes to see the spread between them.
-Writes the JSON (every timing) and prints per mode the median over rounds and its speed-up over SGLang's median.
+One process can time the same kernel 17 % apart from the next (round 6), so a single timing per process cannot
+choose a default: here, per case (head_dim:format), SGLang's bf16 kernel and each variant (keyword arguments of
+`kernels.decode_attention`) are timed one after the other `--rounds` times over the same inputs, each a
+`triton.testing.do_bench` median. Before timing, every variant of every case is compared with the torch reference
+over stored K/V (ragged batch of 3, slots in shuffled pages of 1 and 16, output poisoned with NaN). A 4 GiB copy
+gives the bandwidth the shares are taken of (bytes read: the K/V code and scale planes).
+Defaults: the int8 conversion modes of round 7 (`decode.I8_F16_BOTH`, `decode.I8_F16_V`) at d128 and d256.
+Round 8 timed the two 3-bit lookups: `--cases 128:octave_k3v3,256:octave_k3v4,256:octave_k3v3,128:octave_k3v4
+--variant planes='{"lut": 1}' --variant codes='{"lut": 2}'`.
+Writes the JSON (every timing) and prints per variant the median over rounds and its speed-up over SGLang's median.
 """
 
 from __future__ import annotations
@@ -34,16 +40,24 @@ from sglang_ext import kernels  # noqa: E402
 from sglang_ext.kernels import decode as dec  # noqa: E402
 from sglang_ext.kvformats import get_format, reference  # noqa: E402
 
-MODES = {"f16_both": dec.I8_F16_BOTH, "f16_v": dec.I8_F16_V}
+DEFAULT_VARIANTS = {"f16_both": {"int8_f16": dec.I8_F16_BOTH}, "f16_v": {"int8_f16": dec.I8_F16_V}}
 
 
-def check(fmt, hq, hkv, d, mode, device, gen) -> float:
-    """Relative error of one mode against the torch reference over stored K/V (ragged batch of 3, shuffled
-    slots), NaN if an output element was left unwritten."""
+def check(fmt, hq, hkv, d, variant, page_size, device, gen) -> float:
+    """Relative error against the torch reference (ragged batch of 3, slots in shuffled pages), NaN if an output
+    element was left unwritten."""
     lens = [700, 1, 2100]
+    pages = [-(-n // page_size) for n in lens]
+    n_pages = sum(pages) + 8
+    perm = torch.randperm(n_pages, device=device)[:sum(pages)]
+    slots, at = [], 0
+    for n, p in zip(lens, pages):
+        pg = perm[at:at + p]
+        at += p
+        slots.append((pg[:, None] * page_size + torch.arange(page_size, device=device)[None, :]).flatten()[:n])
+    slots = torch.cat(slots)
     n = sum(lens)
-    slots = torch.randperm(n + 64, device=device)[:n]
-    planes = fmt.allocate(n + 64, hkv, device)
+    planes = fmt.allocate(n_pages * page_size, hkv, device)
     k = torch.randn(n, hkv, d, device=device, generator=gen)
     v = torch.randn(n, hkv, d, device=device, generator=gen)
     kernels.store_kv(fmt, planes, slots, k.to(torch.bfloat16), v.to(torch.bfloat16))
@@ -51,42 +65,79 @@ def check(fmt, hq, hkv, d, mode, device, gen) -> float:
     q = torch.randn(len(lens), hq, d, device=device, generator=gen).to(torch.bfloat16)
     ref = reference.decode_attention(fmt, q, planes, indptr, slots, d ** -0.5)
     o = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device=device)
-    kernels.decode_attention(fmt, q, planes, o, indptr, slots, d ** -0.5, int8_f16=mode)
+    # token-level slot ids in runs of page_size consecutive slots, as SGLang passes them (decode.py's docstring)
+    kernels.decode_attention(fmt, q, planes, o, indptr, slots, d ** -0.5, page_size=page_size, **variant)
     return rel_err(o.float(), ref) if not o.isnan().any() else float("nan")
 
 
+def parse_variant(text: str) -> tuple[str, dict]:
+    name, sep, kwargs = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=JSON, got {text!r}")
+    try:
+        value = json.loads(kwargs)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"{name}: not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{name}: expected a JSON object of decode_attention arguments")
+    return name, value
+
+
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--head-dims", default="128,256")
+    ap.add_argument("--cases", default="128:int8,256:int8", help="head_dim:format pairs")
+    ap.add_argument("--variant", action="append", type=parse_variant, default=[],
+                    help="NAME=JSON keyword arguments of decode_attention; repeatable (default: the int8 modes)")
+    ap.add_argument("--page-sizes", default="1,16", help="page sizes of the reference checks")
     args = ap.parse_args()
+    variants = dict(args.variant) or DEFAULT_VARIANTS
+    cases = [(int(d), name) for d, _, name in (c.partition(":") for c in args.cases.split(","))]
     device = "cuda"
     gen = torch.Generator(device=device).manual_seed(0)
-    res = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rounds": args.rounds, "head_dims": {}}
-    batch, ctx = 8, 32768
-    for d in (int(x) for x in args.head_dims.split(",")):
+    res = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rounds": args.rounds,
+           "variants": variants, "checks": {}, "cases": {}}
+    src = torch.empty(4 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    t = triton.testing.do_bench(lambda: dst.copy_(src), warmup=5, rep=100, quantiles=[0.5])
+    res["copy_TBps"] = copy_tbps = 2 * src.numel() / (t * 1e-3) / 1e12
+    del src, dst
+    print(f"copy {copy_tbps:.3f} TB/s", flush=True)
+    for d, name in cases:
         hq, hkv, rot = HEAD_CONFIGS[d]
-        fmt = get_format("int8", head_dim=d, rotary_dim=rot)
-        errs = {name: check(fmt, hq, hkv, d, mode, device, gen) for name, mode in MODES.items()}
-        print(f"d{d} check: " + " ".join(f"{n}={e:.1e}" for n, e in errs.items()), flush=True)
-        assert all(e < 2e-2 for e in errs.values()), errs
+        fmt = get_format(name, head_dim=d, rotary_dim=rot)
+        for ps in (int(x) for x in args.page_sizes.split(",")):
+            for vn, var in variants.items():
+                e = check(fmt, hq, hkv, d, var, ps, device, gen)
+                res["checks"][f"d{d} {name} page{ps} {vn}"] = e
+                print(f"check d{d} {name} page {ps} {vn}: {e:.2e}", flush=True)
+    bad = {k: e for k, e in res["checks"].items() if not e < 2e-2}
+    assert not bad, bad
+    batch, ctx = 8, 32768
+    for d, name in cases:
+        hq, hkv, rot = HEAD_CONFIGS[d]
+        fmt = get_format(name, head_dim=d, rotary_dim=rot)
         tokens, indptr, idx, q, o, kb, vb, sm, base = decode_inputs(batch, ctx, hq, hkv, d, device, gen)
         planes = random_planes(fmt, tokens, hkv, device, gen)
+        nbytes = sum(p.numel() * p.element_size() for p in planes.values())
         runs = {"sglang_bf16": lambda: base.run(q, kb, vb, o, indptr, idx, sm)}
-        for name, mode in MODES.items():
-            runs[name] = (lambda m: lambda: kernels.decode_attention(fmt, q, planes, o, indptr, idx, sm, int8_f16=m))(mode)
-        times = {name: [] for name in runs}
+        for vn, var in variants.items():
+            runs[vn] = (lambda kw: lambda: kernels.decode_attention(fmt, q, planes, o, indptr, idx, sm, **kw))(var)
+        times = {n: [] for n in runs}
         for r in range(args.rounds):
-            for name, fn in runs.items():
-                times[name].append(triton.testing.do_bench(fn, warmup=10, rep=60, quantiles=[0.5]) * 1e3)
-            print(f"d{d} round {r}: " + " ".join(f"{n}={t[-1]:.0f}us" for n, t in times.items()), flush=True)
+            for n, fn in runs.items():
+                times[n].append(triton.testing.do_bench(fn, warmup=10, rep=60, quantiles=[0.5]) * 1e3)
+            print(f"d{d} {name} round {r}: " + " ".join(f"{n}={t[-1]:.0f}us" for n, t in times.items()), flush=True)
         med = {n: statistics.median(t) for n, t in times.items()}
         summary = {n: {"median_us": m, "min_us": min(times[n]), "max_us": max(times[n]),
                        "speedup_vs_sglang": med["sglang_bf16"] / m} for n, m in med.items()}
-        res["head_dims"][str(d)] = {"check_rel_err": errs, "times_us": times, "summary": summary}
-        print(f"d{d} medians: " + " ".join(f"{n}={s['median_us']:.0f}us ({s['speedup_vs_sglang']:.2f}x)"
-                                         for n, s in summary.items()), flush=True)
+        for n in variants:
+            summary[n]["TBps"] = nbytes / (med[n] * 1e-6) / 1e12
+            summary[n]["copy_share"] = summary[n]["TBps"] / copy_tbps
+        res["cases"][f"d{d} {name}"] = {"bytes_read": nbytes, "times_us": times, "summary": summary}
+        print(f"d{d} {name} medians: " + " ".join(f"{n}={s['median_us']:.0f}us ({s['speedup_vs_sglang']:.2f}x)"
+                                                  for n, s in summary.items()), flush=True)
         del planes, kb, vb
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
 

@@ -27,6 +27,12 @@ class C:
     value: object
 
 
+@dataclass(frozen=True)
+class PerTarget:
+    """A compile option's value per target name (TARGETS' keys); targets not listed compile without the option."""
+    values: dict
+
+
 def _variants():
     """(label, jit function, {arg name: type string or C(value)}, compile options) for every kernel variant, with
     the options the launchers use."""
@@ -72,7 +78,9 @@ def _variants():
                     NB=C(d // 64), LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx),
                     I8_F16=C({"cuda": decode.DEFAULT_I8_F16.get(d, decode.I8_F16_BOTH) if fmt == 1
                               else decode.I8_FLOAT32, "hip": decode.I8_FLOAT32}),
-                    Q_LEN=C(q_len), BLOCK_T=C(16)), {"num_warps": 4}))
+                    Q_LEN=C(q_len), BLOCK_T=C(16)),
+                    {"num_warps": 4, "maxnreg": PerTarget({"cuda:90": decode.OCTAVE_MAXNREG} if fmt == 2 and q_len == 1
+                                                          else {})}))
             # the causal extend everywhere; speculative verify (SGLang's custom tree mask, the new tokens read
             # back from the pool at new_slots) for one format
             for mask in (False, True) if name == "octave_k3v4" and d == 128 else (False,):
@@ -152,10 +160,12 @@ def _spec_variants():
     return out
 
 
-def compile_one(fn, spec: dict, target, options: dict | None = None) -> None:
+def compile_one(fn, spec: dict, target, options: dict | None = None, target_name: str = "") -> None:
     import triton
     from triton.compiler import ASTSource
 
+    options = {k: (v.values.get(target_name) if isinstance(v, PerTarget) else v) for k, v in (options or {}).items()}
+    options = {k: v for k, v in options.items() if v is not None}
     missing = set(fn.arg_names) - set(spec)
     assert not missing, f"{fn.__name__}: no type for {sorted(missing)}"
     signature = {a: ("constexpr" if isinstance(spec[a], C) else spec[a]) for a in fn.arg_names}
@@ -183,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         for tname in targets:
             t0 = time.time()
             try:
-                compile_one(fn, spec, GPUTarget(*TARGETS[tname]), options)
+                compile_one(fn, spec, GPUTarget(*TARGETS[tname]), options, tname)
                 status = "ok"
             except Exception as e:  # noqa: BLE001 - every failure is reported in the table and the exit code
                 status = f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
