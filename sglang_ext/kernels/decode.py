@@ -50,9 +50,9 @@ LUT_SELECT, LUT_PTX, LUT_PTX_CODES = 0, 1, 2
 DEFAULT_BLOCK_N = {(tables.FMT_BF16, 128): 64, (tables.FMT_BF16, 256): 64, (tables.FMT_INT8, 128): 128,
                    (tables.FMT_INT8, 256): 128, (tables.FMT_OCTAVE, 128): 128, (tables.FMT_OCTAVE, 256): 128}
 _RESIDENT: dict[tuple, int] = {}  # stage-1 programs resident per SM, by compiled variant (wave_splits)
-# Registers per thread at most for octave decode (one token per q row, 16-row dots) on sm_90 and later: ptxas's
-# own choice (156-168) fits 3 programs per SM, 128 fits 4 (its 41 KB of shared memory allow 5) for 4 spilled
-# words per loop iteration. Measured on an H200 at batch 8 x 32k, alternated 5 times with the default
+# Registers per thread at most for octave decode (q_len 1, 16-row dots, head_dim 128 / 256) on sm_90 and later:
+# ptxas's own choice (156-168) fits 3 programs per SM, 128 fits 4 (its 41 KB of shared memory allow 5) for 4
+# spilled words per loop iteration. Measured on an H200 at batch 8 x 32k, alternated 5 times with the default
 # (docs/benchmarks/kernels.md, round 10): d128 k3v4 315 -> 296 us, k3v3 304 -> 285, d256 k3v4 456 -> 406, k3v3
 # 412 -> 405; 96 (5 programs, more spills) and int8 at 128 were slower. Not measured before sm_90, where an SM's
 # shared memory (100-164 KB) holds fewer programs anyway: no cap there.
@@ -255,10 +255,12 @@ def int8_f16_dots(kind: int, x: torch.Tensor, dot_bf16: bool, requested: int | N
     return I8_FLOAT32
 
 
-def default_maxnreg(kind: int, rows: int, x: torch.Tensor) -> int | None:
+def default_maxnreg(kind: int, rows: int, q_len: int, x: torch.Tensor) -> int | None:
     """The register cap decode_attention launches stage 1 with when none is asked: OCTAVE_MAXNREG for octave
-    with dots of 16 rows (decode, not chain verify) on an NVIDIA GPU of compute capability 9 or later."""
-    if kind != tables.FMT_OCTAVE or rows != 16 or not x.is_cuda or torch.version.hip is not None:
+    decode (q_len 1, dots of 16 rows) at head_dim 128 or 256 (x.shape[-1]) on an NVIDIA GPU of compute capability
+    9 or later: the shapes it was measured on. Else None (ptxas's choice)."""
+    if (kind != tables.FMT_OCTAVE or rows != 16 or q_len != 1 or x.shape[-1] not in (128, 256) or not x.is_cuda
+            or torch.version.hip is not None):
         return None
     return OCTAVE_MAXNREG if torch.cuda.get_device_capability(x.device)[0] >= 9 else None
 
@@ -352,7 +354,7 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     assert q_len == 1 or group * q_len <= MAX_VERIFY_ROWS, (group, q_len)
     block_h = max(16, triton.next_power_of_2(group * q_len))
     if maxnreg is None and hasattr(_decode_stage1, "warmup"):  # not under the interpreter
-        maxnreg = default_maxnreg(kind, block_h, q)
+        maxnreg = default_maxnreg(kind, block_h, q_len, q)
     if maxnreg:  # a register cap per thread (ptxas spills past it): more programs per SM
         launch_opts["maxnreg"] = maxnreg
     block_n = tile_tokens(kind, block_n, block_h, q)

@@ -1,4 +1,4 @@
-"""decode.wave_splits: the split count that the waves x loop-iterations model prefers."""
+"""decode.wave_splits: the split count that the waves x loop-iterations model prefers; decode.default_maxnreg."""
 
 import math
 
@@ -29,3 +29,35 @@ def test_choice_is_within_five_percent_of_the_cheapest():
                 s = wave_splits(programs, 16, slots, seq_len, 128)
                 best = min(_cost(programs, t, slots, seq_len, 128) for t in range(1, 17))
                 assert 1 <= s <= 16 and _cost(programs, s, slots, seq_len, 128) <= 1.05 * best
+
+
+class _FakeCudaQ:
+    """What default_maxnreg reads of q: is_cuda, device and the head_dim (shape[-1])."""
+
+    is_cuda = True
+    device = "cuda:0"
+
+    def __init__(self, head_dim: int):
+        self.shape = (8, 64, head_dim)
+
+
+def test_register_cap_only_where_it_was_measured(monkeypatch):
+    import torch
+
+    from sglang_ext.kernels import decode, tables
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    octave, int8 = tables.FMT_OCTAVE, tables.FMT_INT8
+    assert decode.default_maxnreg(octave, 16, 1, _FakeCudaQ(128)) == decode.OCTAVE_MAXNREG
+    assert decode.default_maxnreg(octave, 16, 1, _FakeCudaQ(256)) == decode.OCTAVE_MAXNREG
+    assert decode.default_maxnreg(int8, 16, 1, _FakeCudaQ(128)) is None  # int8 measured slower with the cap
+    assert decode.default_maxnreg(octave, 32, 4, _FakeCudaQ(128)) is None  # chain verify: not measured
+    assert decode.default_maxnreg(octave, 16, 4, _FakeCudaQ(128)) is None
+    assert decode.default_maxnreg(octave, 16, 1, _FakeCudaQ(64)) is None
+    assert decode.default_maxnreg(octave, 16, 1, torch.zeros(8, 64, 128)) is None  # CPU tensors
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
+    assert decode.default_maxnreg(octave, 16, 1, _FakeCudaQ(128)) is None  # before sm_90: not measured
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (11, 0))
+    assert decode.default_maxnreg(octave, 16, 1, _FakeCudaQ(128)) is None  # maxnreg is a CUDA option
