@@ -93,10 +93,40 @@ def _encode(texts: list[tuple[str, str]], tokenizer) -> list[list[int]]:
     return ids
 
 
+NUCLEUS_TOP_P = 0.95
+NUCLEUS_CANDIDATES = 64
+
+
+class NucleusGumbel:
+    """A logits processor that samples the next token itself and leaves greedy decoding to pick it: among the
+    NUCLEUS_CANDIDATES most likely tokens, the smallest set whose probability at `temperature` reaches top_p,
+    one drawn by the Gumbel-max trick; every other score becomes -inf. Top-p sampling restricted to the
+    candidates, without a softmax and a multinomial draw over the whole vocabulary: on the 2-core development
+    machine a sampled batch of 128 prompts generated 205 tokens/s through transformers' sampling (top-p 0.95)
+    against 491 greedy (bf16, 64 new tokens); see docs/speculative-decoding.md."""
+
+    def __init__(self, temperature: float, generator: torch.Generator, top_p: float = NUCLEUS_TOP_P,
+                 candidates: int = NUCLEUS_CANDIDATES):
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        self.temperature, self.generator, self.top_p, self.candidates = temperature, generator, top_p, candidates
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        top, ids = scores.float().topk(min(self.candidates, scores.shape[-1]), dim=-1)  # sorted, largest first
+        logits = top / self.temperature
+        probs = logits.softmax(-1)
+        outside = probs.cumsum(-1) - probs >= self.top_p  # the most likely candidate always stays
+        uniform = torch.rand(logits.shape, generator=self.generator).clamp_(1e-12, 1 - 1e-7)
+        pick = (logits - (-uniform.log()).log()).masked_fill(outside, float("-inf")).argmax(-1, keepdim=True)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(-1, ids.gather(-1, pick), 0.0)
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
              seed: int) -> list[Sequence | None]:
-    """Continue each prompt with the base model (temperature 0 = greedy) and record hidden states.
+    """Continue each prompt with the base model (temperature 0 = greedy; else NucleusGumbel's top-p sampling,
+    reproducible from `seed`) and record hidden states.
     Returns one entry per prompt, None where fewer than 4 continuation tokens remain.
 
     The hidden states are those the generation itself computes (a forward hook on the final norm), so no
@@ -112,8 +142,12 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     for i, p in enumerate(prompt_ids):  # left padding for generation
         batch[i, width - len(p):] = torch.tensor(p)
         attention[i, width - len(p):] = 1
-    torch.manual_seed(seed)
-    sampling = {"do_sample": True, "temperature": temperature, "top_p": 0.95} if temperature > 0 else {"do_sample": False}
+    sampling = {"do_sample": False}
+    if temperature > 0:
+        from transformers import LogitsProcessorList
+
+        sampler = NucleusGumbel(temperature, torch.Generator().manual_seed(seed))
+        sampling["logits_processor"] = LogitsProcessorList([sampler])
     captured = []  # the prefill's [B, width, H], then one [B, 1, H] per decode step
     hook = model.model.norm.register_forward_hook(lambda _module, _args, output: captured.append(output.float()))
     try:

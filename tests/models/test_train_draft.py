@@ -74,3 +74,22 @@ def test_corpus_batches_walk_the_pool_then_wrap_around_sampled():
     assert DraftTrainConfig(corpus_dtype="auto").resolved_corpus_dtype() in (torch.float32, torch.bfloat16)
     with pytest.raises(ValueError, match="corpus_dtype"):
         DraftTrainConfig(corpus_dtype="float16")
+
+
+def test_nucleus_gumbel_samples_top_p_at_the_temperature():
+    from sglang_ext.models.draft_corpus import NucleusGumbel
+
+    scores = torch.tensor([2.0, 1.5, 1.0, 0.2, -1.0, -3.0, -6.0, -9.0])
+    rows = 40_000
+    sampler = NucleusGumbel(0.8, torch.Generator().manual_seed(0), top_p=0.9)
+    out = sampler(None, scores.expand(rows, -1).clone())
+    assert torch.isfinite(out).sum(-1).eq(1).all()  # exactly one token left per row, for greedy to pick
+    picks = out.argmax(-1)
+    probs = (scores / 0.8).softmax(-1)
+    keep = probs.cumsum(-1) - probs < 0.9  # top-p: the smallest prefix (scores are sorted) reaching 0.9
+    expected = torch.where(keep, probs, 0) / probs[keep].sum()
+    freq = torch.bincount(picks, minlength=len(scores)).float() / rows
+    assert freq[~keep].sum() == 0
+    assert (freq - expected).abs().max() < 4 * (expected * (1 - expected) / rows).sqrt().max()
+    again = NucleusGumbel(0.8, torch.Generator().manual_seed(0), top_p=0.9)(None, scores.expand(rows, -1).clone())
+    assert torch.equal(again.argmax(-1), picks)  # the seed decides
