@@ -24,7 +24,7 @@ from ..kvformats import KVFormat, rotation
 from . import tables
 from .checks import check_planes
 from .rotate import rotate_rows
-from .tiles import accumulate, load_q_blocks, q_blocks_f16, scores, store_blocks
+from .tiles import accumulate, accumulate_t, load_q_blocks, q_blocks_f16, scores, scores_t, store_blocks
 
 MIN_BLOCK_KV = 32
 DEFAULT_MAX_KV_SPLITS = 16
@@ -59,8 +59,44 @@ _RESIDENT: dict[tuple, int] = {}  # stage-1 programs resident per SM, by compile
 OCTAVE_MAXNREG = 128
 
 
+# The decode launch (K/V as the dots' first operand, warps, tokens per iteration, query rows at least) for one
+# request token (q_len 1) and GQA groups of at most 8 query heads, by (format, head_dim), on an NVIDIA GPU of
+# compute capability 9 or later. Measured on an H200 at batch 8 x 32k, group 8, alternated 3 times with the earlier
+# launch (4 warps, 16 rows; docs/benchmarks/kernels.md, round 11): int8 d128 208 -> 168 us, d256 200 -> 174;
+# octave_k3v4 d128 295 -> 263, d256 406 -> 371; octave_k3v3 d128 285 -> 228, d256 404 -> 373. Elsewhere (other
+# GPUs, larger groups, verify steps, bf16 planes) the earlier launch, not measured against this one.
+DEFAULT_LAUNCH = {
+    ("int8", 128): dict(kv_a=True, num_warps=1, block_n=64, min_rows=8),
+    ("int8", 256): dict(kv_a=True, num_warps=2, block_n=64, min_rows=8),
+    ("octave_k3v4", 128): dict(kv_a=False, num_warps=4, block_n=128, min_rows=8),
+    ("octave_k3v4", 256): dict(kv_a=False, num_warps=4, block_n=128, min_rows=8),
+    ("octave_k3v3", 128): dict(kv_a=True, num_warps=1, block_n=64, min_rows=8),
+    ("octave_k3v3", 256): dict(kv_a=True, num_warps=4, block_n=128, min_rows=8),
+}
+
+# With 1-2 warps a program, a small batch leaves SMs idle: at batch 1 x 128k (8 KV heads x 16 splits = 128 programs
+# of 1 warp on 132 SMs) the int8 d128 entry took 286 us against 234 us with 4 warps, octave_k3v3 d128 534 against
+# 279 (round 11). Where the grid cannot bring this many warps per SM, the entry runs with 4 warps and 128 tokens.
+LAUNCH_MIN_WARPS_PER_SM = 4
+
+
 def default_block_n(kind: int, head_dim: int) -> int:
     return DEFAULT_BLOCK_N.get((kind, head_dim), 64)
+
+
+def default_launch(fmt: KVFormat, group: int, q_len: int, x: torch.Tensor, programs: int) -> dict:
+    """DEFAULT_LAUNCH's entry for this call where it was measured (q_len 1, group <= 8, NVIDIA, capability >= 9,
+    not under the interpreter), with 4 warps and 128 tokens per iteration where its grid of at most `programs`
+    stage-1 programs (batch x KV heads x max splits) would bring fewer than LAUNCH_MIN_WARPS_PER_SM warps per SM;
+    elsewhere {}: decode_attention's own defaults (4 warps, 16 query rows at least)."""
+    entry = DEFAULT_LAUNCH.get((fmt.name, fmt.head_dim))
+    if (entry is None or q_len != 1 or group > 8 or not x.is_cuda or torch.version.hip is not None
+            or not hasattr(_decode_stage1, "warmup") or torch.cuda.get_device_capability(x.device)[0] < 9):
+        return {}
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    if programs * entry["num_warps"] >= LAUNCH_MIN_WARPS_PER_SM * sms:
+        return entry
+    return {**entry, "num_warps": 4, "block_n": 128}
 
 
 @triton.jit
@@ -75,27 +111,49 @@ def _attend_tile(slot, mask_n, mask_2d, q0, q1, q2, q3, q_scale, e_max, e_sum, a
                  stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
                  FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, K_N4: tl.constexpr,
                  V_N4: tl.constexpr, NB: tl.constexpr, LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr,
-                 LUT: tl.constexpr, I8_F16: tl.constexpr):
+                 LUT: tl.constexpr, I8_F16: tl.constexpr, KV_A: tl.constexpr = False):
     """One online-softmax step over the tokens at `slot` [BLOCK_N]; mask_n [BLOCK_N]: tokens to read; mask_2d
-    [BLOCK_H, BLOCK_N] or [1, BLOCK_N]: which row sees which token."""
-    qk = scores(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
-                slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_H, BLOCK_N,
-                DOT_BF16, LUT, I8_F16)
-    qk = qk * q_scale[:, None]
-    if LOGIT_CAP > 0:
-        qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
-    qk = tl.where(mask_2d, qk, float("-inf"))
-    n_max = tl.maximum(tl.max(qk, 1), e_max)
-    rescale = tl.exp(e_max - n_max)
-    p = tl.exp(qk - n_max[:, None])
-    e_sum = e_sum * rescale + tl.sum(p, 1)
-    acc0 = acc0 * rescale[:, None]
-    acc1 = acc1 * rescale[:, None]
-    acc2 = acc2 * rescale[:, None]
-    acc3 = acc3 * rescale[:, None]
-    acc0, acc1, acc2, acc3 = accumulate(
-        FMT, p, acc0, acc1, acc2, acc3, v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
-        slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT, I8_F16)
+    [BLOCK_H, BLOCK_N] or [1, BLOCK_N]: which row sees which token. KV_A: the same step transposed, K and V tiles
+    as the dots' first operand (tiles.scores_t): q blocks [64, BLOCK_H], mask_2d [BLOCK_N, BLOCK_H] or
+    [BLOCK_N, 1], accumulators [64, BLOCK_H]."""
+    if KV_A:
+        qk = scores_t(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
+                      slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_H, BLOCK_N,
+                      DOT_BF16, LUT, I8_F16)
+        qk = qk * q_scale[None, :]
+        if LOGIT_CAP > 0:
+            qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
+        qk = tl.where(mask_2d, qk, float("-inf"))
+        n_max = tl.maximum(tl.max(qk, 0), e_max)
+        rescale = tl.exp(e_max - n_max)
+        p = tl.exp(qk - n_max[None, :])
+        e_sum = e_sum * rescale + tl.sum(p, 0)
+        acc0 = acc0 * rescale[None, :]
+        acc1 = acc1 * rescale[None, :]
+        acc2 = acc2 * rescale[None, :]
+        acc3 = acc3 * rescale[None, :]
+        acc0, acc1, acc2, acc3 = accumulate_t(
+            FMT, p, acc0, acc1, acc2, acc3, v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
+            slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT, I8_F16)
+    else:
+        qk = scores(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
+                    slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_H, BLOCK_N,
+                    DOT_BF16, LUT, I8_F16)
+        qk = qk * q_scale[:, None]
+        if LOGIT_CAP > 0:
+            qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
+        qk = tl.where(mask_2d, qk, float("-inf"))
+        n_max = tl.maximum(tl.max(qk, 1), e_max)
+        rescale = tl.exp(e_max - n_max)
+        p = tl.exp(qk - n_max[:, None])
+        e_sum = e_sum * rescale + tl.sum(p, 1)
+        acc0 = acc0 * rescale[:, None]
+        acc1 = acc1 * rescale[:, None]
+        acc2 = acc2 * rescale[:, None]
+        acc3 = acc3 * rescale[:, None]
+        acc0, acc1, acc2, acc3 = accumulate(
+            FMT, p, acc0, acc1, acc2, acc3, v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
+            slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT, I8_F16)
     return n_max, e_sum, acc0, acc1, acc2, acc3
 
 
@@ -108,7 +166,7 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
                    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                    MIN_BLOCK: tl.constexpr, K_N4: tl.constexpr, V_N4: tl.constexpr, NB: tl.constexpr,
                    LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr, LUT: tl.constexpr, I8_F16: tl.constexpr,
-                   Q_LEN: tl.constexpr = 1, BLOCK_T: tl.constexpr = 16):
+                   Q_LEN: tl.constexpr = 1, BLOCK_T: tl.constexpr = 16, KV_A: tl.constexpr = False):
     # Q_LEN > 1 (chain verify): request `batch` has Q_LEN query tokens (q rows batch * Q_LEN + j); row r of the
     # program is (token j = r // GROUP, q head r % GROUP); kv_indptr / kv_indices list the prefix only, and the
     # Q_LEN new tokens, already stored, are read at new_slots[batch * Q_LEN + t] by the last split, token j
@@ -139,30 +197,45 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
             q_scale = tl.full([BLOCK_H], sm_scale, tl.float32)
         e_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
         e_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc0 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
-        acc1 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
-        acc3 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+        if KV_A:  # K / V tiles as the dots' first operand: q and the accumulators transposed
+            q0 = tl.trans(q0)
+            q1 = tl.trans(q1)
+            q2 = tl.trans(q2)
+            q3 = tl.trans(q3)
+            acc0 = tl.zeros([64, BLOCK_H], dtype=tl.float32)
+        else:
+            acc0 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+        acc1 = tl.zeros_like(acc0)
+        acc2 = tl.zeros_like(acc0)
+        acc3 = tl.zeros_like(acc0)
         for n0 in range(s0, s1, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < s1
             slot = tl.load(kv_indices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
             e_max, e_sum, acc0, acc1, acc2, acc3 = _attend_tile(
-                slot, mask_n, mask_n[None, :], q0, q1, q2, q3, q_scale, e_max, e_sum, acc0, acc1, acc2, acc3,
+                slot, mask_n, mask_n[:, None] if KV_A else mask_n[None, :], q0, q1, q2, q3, q_scale, e_max, e_sum, acc0, acc1, acc2, acc3,
                 k_codes, k_scales, v_codes, v_scales, kv_head, stride_kc_slot, stride_kc_head, stride_ks_slot,
                 stride_ks_head, stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
-                FMT, BLOCK_H, BLOCK_N, K_N4, V_N4, NB, LOGIT_CAP, DOT_BF16, LUT, I8_F16)
+                FMT, BLOCK_H, BLOCK_N, K_N4, V_N4, NB, LOGIT_CAP, DOT_BF16, LUT, I8_F16, KV_A)
         if Q_LEN > 1:
             if split == splits - 1:
                 offs_t = tl.arange(0, BLOCK_T)
                 mask_t = offs_t < Q_LEN
                 slot = tl.load(new_slots + batch * Q_LEN + offs_t, mask=mask_t, other=0).to(tl.int64)
-                causal = mask_t[None, :] & (offs_t[None, :] <= tok[:, None])
+                if KV_A:
+                    causal = mask_t[:, None] & (offs_t[:, None] <= tok[None, :])
+                else:
+                    causal = mask_t[None, :] & (offs_t[None, :] <= tok[:, None])
                 e_max, e_sum, acc0, acc1, acc2, acc3 = _attend_tile(
                     slot, mask_t, causal, q0, q1, q2, q3, q_scale, e_max, e_sum, acc0, acc1, acc2, acc3,
                     k_codes, k_scales, v_codes, v_scales, kv_head, stride_kc_slot, stride_kc_head, stride_ks_slot,
                     stride_ks_head, stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
-                    FMT, BLOCK_H, BLOCK_T, K_N4, V_N4, NB, LOGIT_CAP, DOT_BF16, LUT, I8_F16)
+                    FMT, BLOCK_H, BLOCK_T, K_N4, V_N4, NB, LOGIT_CAP, DOT_BF16, LUT, I8_F16, KV_A)
+        if KV_A:
+            acc0 = tl.trans(acc0)
+            acc1 = tl.trans(acc1)
+            acc2 = tl.trans(acc2)
+            acc3 = tl.trans(acc3)
         mo_rows = (batch * Q_LEN + tok) * stride_mo_b + heads.to(tl.int64) * stride_mo_h + split * stride_mo_s
         store_blocks(mid_o, mo_rows, mask_h, acc0, acc1, acc2, acc3, 1.0 / e_sum, NB)
         tl.store(mid_lse + (batch * Q_LEN + tok) * stride_ml_b + heads * stride_ml_h + split, e_max + tl.log(e_sum),
@@ -304,10 +377,10 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float,
                      num_kv_splits: torch.Tensor | None = None, max_kv_splits: int = DEFAULT_MAX_KV_SPLITS,
                      page_size: int = 1, logit_cap: float = 0.0, block_n: int | None = None,
-                     dot_bf16: bool | None = None, num_warps: int = 4, num_stages: int | None = None,
+                     dot_bf16: bool | None = None, num_warps: int | None = None, num_stages: int | None = None,
                      lut: int | None = None, int8_f16: int | None = None, fill_waves: bool = True,
-                     maxnreg: int | None = None, q_len: int = 1, new_slots: torch.Tensor | None = None
-                     ) -> torch.Tensor:
+                     maxnreg: int | None = None, q_len: int = 1, new_slots: torch.Tensor | None = None,
+                     min_rows: int | None = None, kv_a: bool | None = None) -> torch.Tensor:
     """q [B, Hq, D] (float), o [B, Hq, D] (written, every element); kv_indptr [>= B+1], kv_indices int32/int64.
     q_len > 1 (chain speculative verify): q / o hold q_len tokens per request ([B * q_len, Hq, D], request b's
     at rows b * q_len..); kv_indptr / kv_indices list each request's prefix only; the new tokens, already
@@ -320,7 +393,9 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     prefers for the mean length kv_indices.shape[0] / B, else max_kv_splits.
     dot_bf16: feed the tensor-core dots bf16 operands (q, tile values, probabilities; scales stay float32);
     None = on a GPU, not under the CPU interpreter (where float32 keeps tests exact). block_n: tokens per loop
-    iteration (None: default_block_n); num_stages: Triton's pipelining depth (None: its default); maxnreg:
+    iteration, num_warps, min_rows (query rows of a program's dots at least: a group's q_len x group rows, padded
+    to a power of 2), kv_a (K / V tiles as the dots' first operand, tiles.scores_t): None = default_launch's
+    entry, else default_block_n, 4 warps, 16 rows, False; num_stages: Triton's pipelining depth (None: its default); maxnreg:
     registers per thread at most (None: default_maxnreg's cap, or ptxas's choice; 0: ptxas's choice);
     lut: octave level decode (LUT_SELECT / LUT_PTX / LUT_PTX_CODES; None: level_decode's choice). int8_f16: int8
     codes to fp16 dot operands in PTX (I8_F16_BOTH / I8_F16_V / I8_FLOAT32; None: int8_f16_dots' choice). Returns o."""
@@ -344,15 +419,18 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
         return o
     dev = q.device
     kind, k_n4, v_n4 = layout(fmt)
-    if block_n is None:
-        block_n = default_block_n(kind, d)
+    group = hq // h_kv
+    assert q_len == 1 or group * q_len <= MAX_VERIFY_ROWS, (group, q_len)
+    launch = default_launch(fmt, group, q_len, q, batch * h_kv * max_kv_splits)
+    block_n = block_n or launch.get("block_n") or default_block_n(kind, d)
+    num_warps = num_warps or launch.get("num_warps", 4)
+    min_rows = min_rows or launch.get("min_rows", 16)
+    kv_a = launch.get("kv_a", False) if kv_a is None else kv_a
     bf16_dots = use_bf16_dots(q, dot_bf16)
     launch_opts = {"num_warps": num_warps}
     if num_stages is not None:
         launch_opts["num_stages"] = num_stages
-    group = hq // h_kv
-    assert q_len == 1 or group * q_len <= MAX_VERIFY_ROWS, (group, q_len)
-    block_h = max(16, triton.next_power_of_2(group * q_len))
+    block_h = max(min_rows, triton.next_power_of_2(group * q_len))
     if maxnreg is None and hasattr(_decode_stage1, "warmup"):  # not under the interpreter
         maxnreg = default_maxnreg(kind, block_h, q_len, q)
     if maxnreg:  # a register cap per thread (ptxas spills past it): more programs per SM
@@ -371,7 +449,7 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     consts = dict(FMT=kind, GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, MIN_BLOCK=MIN_BLOCK_KV, K_N4=k_n4,
                   V_N4=v_n4, NB=d // 64, LOGIT_CAP=float(logit_cap), DOT_BF16=bf16_dots,
                   LUT=level_decode(q, bf16_dots, lut), I8_F16=int8_f16_dots(kind, q, bf16_dots, int8_f16),
-                  Q_LEN=q_len, BLOCK_T=tile_tokens(kind, 16, block_h, q), **launch_opts)
+                  KV_A=bool(kv_a), Q_LEN=q_len, BLOCK_T=tile_tokens(kind, 16, block_h, q), **launch_opts)
     grid_splits = max_kv_splits
     if num_kv_splits is None:
         splits = max_kv_splits

@@ -194,6 +194,70 @@ def accumulate(FMT: tl.constexpr, p, acc0, acc1, acc2, acc3, codes_ptr, scales_p
 
 
 @triton.jit
+def scores_t(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, mask_n, N4: tl.constexpr,
+             NB: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
+             LUT: tl.constexpr, I8_F16: tl.constexpr = 0):
+    """`scores` transposed, K as the dots' first operand: k . q for a tile, float32 [BLOCK_N, M]; q0..q3 the
+    query's blocks transposed, [64, M]. With M = 8 query rows (a GQA group of 8) the tensor-core tiles hold no
+    padding rows, and the loop-invariant q is the second operand, which the tensor cores take as 2 registers per
+    16 dims that no row padding duplicates."""
+    qk = tl.zeros([BLOCK_N, M], dtype=tl.float32)
+    for b in tl.static_range(NB):
+        if b == 0:
+            qb = q0
+        elif b == 1:
+            qb = q1
+        elif b == 2:
+            qb = q2
+        else:
+            qb = q3
+        kb = kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT, I8_F16, True)
+        if FMT == 1 and I8_F16:
+            part = tl.dot(kb, qb)
+        else:
+            part = _dot(kb, qb, DOT_BF16)
+        if FMT == 2:
+            part = part * kv_scale(FMT, scales_ptr, srow, mask_n, b)[:, None]
+        qk += part
+    if FMT == 1:
+        qk = qk * kv_scale(FMT, scales_ptr, srow, mask_n, 0)[:, None]
+    return qk
+
+
+@triton.jit
+def accumulate_t(FMT: tl.constexpr, p, acc0, acc1, acc2, acc3, codes_ptr, scales_ptr, row, srow, mask_n,
+                 N4: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
+                 LUT: tl.constexpr, I8_F16: tl.constexpr = 0):
+    """`accumulate` transposed: acc_b [64, M] += v_b^T @ p for p float32 [BLOCK_N, M] (V as the first operand)."""
+    tile_scale = 1.0
+    if FMT == 1:
+        vs = kv_scale(FMT, scales_ptr, srow, mask_n, 0)
+        if I8_F16:
+            tile_scale = tl.maximum(tl.max(vs, 0), 1e-30)
+            p = (p * (vs / tile_scale)[:, None]).to(tl.float16)
+        else:
+            p = p * vs[:, None]
+    for b in tl.static_range(NB):
+        pb = p
+        if FMT == 2:
+            pb = p * kv_scale(FMT, scales_ptr, srow, mask_n, b)[:, None]
+        vb = tl.trans(kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT, I8_F16))
+        if FMT == 1 and I8_F16:
+            part = tl.dot(vb, pb) * tile_scale
+        else:
+            part = _dot(vb, pb, DOT_BF16)
+        if b == 0:
+            acc0 += part
+        elif b == 1:
+            acc1 += part
+        elif b == 2:
+            acc2 += part
+        else:
+            acc3 += part
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def load_q_blocks(ptr, rows, mask_rows, NB: tl.constexpr, DOT_BF16: tl.constexpr):
     """The 64-dim blocks of rows `rows` (int64 element offsets): bf16 when the dots take bf16 operands (cast
     once here, not per tile), else float32; blocks past NB repeat block 0."""

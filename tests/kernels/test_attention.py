@@ -332,3 +332,39 @@ def test_chain_verify_through_decode_matches_reference(name, head_dim, rotary_di
     assert not torch.isnan(o).any(), f"{name}: chain verify left output elements unwritten"
     err = (o - ref).abs().max().item()
     assert err < _f32_tol(device), f"{name}: chain verify through decode differs from the reference by {err}"
+
+
+# The launches of decode.DEFAULT_LAUNCH (on an H200 they are the defaults; under the interpreter only when asked):
+# K / V as the dots' first operand (kv_a), query rows not padded to 16 (min_rows 8), 1 or 2 warps, for a decode step
+# and a chain verify, every format; the reference is the extend reference (q_len 1: a decode step).
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+@pytest.mark.parametrize("head_dim,rotary_dim,h_kv,group,q_len,launch", [
+    (64, None, 2, 3, 1, dict(kv_a=True, min_rows=8, num_warps=1, block_n=32)),
+    (128, None, 1, 8, 1, dict(kv_a=False, min_rows=8)),
+    (128, None, 2, 2, 3, dict(kv_a=True, min_rows=8, num_warps=2, block_n=64))])
+def test_decode_launches_match_reference(name, head_dim, rotary_dim, h_kv, group, q_len, launch, device):
+    fmt = get_format(name, head_dim, rotary_dim)
+    gen = torch.Generator().manual_seed(29)
+    prefix = [0, 5, 150]
+    planes, flat = _pool(fmt, [lp + q_len for lp in prefix], 16, h_kv, gen, device)
+    runs = flat.split([lp + q_len for lp in prefix])
+    prefix_slots = torch.cat([r[:lp] for r, lp in zip(runs, prefix)]).to(device)
+    draft_slots = torch.cat([r[lp:] for r, lp in zip(runs, prefix)]).to(device)
+    t = q_len * len(prefix)
+    q = torch.randn(t, h_kv * group, head_dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+    if q_len == 1:  # a decode step: the new token is part of the prefix
+        lens = [lp + 1 for lp in prefix]
+        slots = flat.to(device)
+        ref = reference.decode_attention(fmt, q, planes, indptr(lens, device), slots, head_dim ** -0.5)
+        kw = {}
+    else:
+        lens, slots = prefix, prefix_slots
+        ref = reference.extend_attention(fmt, q, None, None, planes, indptr([q_len] * len(prefix), device),
+                                         indptr(prefix, device), prefix_slots, head_dim ** -0.5, new_slots=draft_slots)
+        kw = dict(q_len=q_len, new_slots=draft_slots)
+    o = torch.full(q.shape, float("nan"), dtype=torch.float32, device=device)
+    decode_attention(fmt, q, planes, o, indptr(lens, device), slots, head_dim ** -0.5, max_kv_splits=3, page_size=16,
+                     dot_bf16=False, **launch, **kw)
+    assert not torch.isnan(o).any(), f"{name} {launch}: output elements left unwritten"
+    err = (o - ref).abs().max().item()
+    assert err < _f32_tol(device), f"{name} {launch}: differs from the reference by {err}"

@@ -1,6 +1,8 @@
-"""decode.wave_splits: the split count that the waves x loop-iterations model prefers; decode.default_maxnreg."""
+"""decode.wave_splits: the split count that the waves x loop-iterations model prefers; decode.default_maxnreg and
+decode.default_launch: where the measured launches apply."""
 
 import math
+from types import SimpleNamespace
 
 from sglang_ext.kernels.decode import wave_splits
 
@@ -61,3 +63,32 @@ def test_register_cap_only_where_it_was_measured(monkeypatch):
     monkeypatch.setattr(torch.version, "hip", "6.2")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (11, 0))
     assert decode.default_maxnreg(octave, 16, 1, _FakeCudaQ(128)) is None  # maxnreg is a CUDA option
+
+
+def test_launch_table_only_where_it_was_measured(monkeypatch):
+    import torch
+
+    from sglang_ext.kernels import decode
+    from sglang_ext.kvformats import get_format
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(
+        multi_processor_count=132))
+    monkeypatch.setattr(decode._decode_stage1, "warmup", lambda *a, **k: None, raising=False)
+    octave = get_format("octave_k3v3", 128)  # 1 warp a program
+    full = 8 * 8 * 16  # batch 8 x 8 KV heads x 16 splits: the measured grid
+    assert decode.default_launch(octave, 8, 1, _FakeCudaQ(128), full) == decode.DEFAULT_LAUNCH[("octave_k3v3", 128)]
+    assert decode.default_launch(get_format("int8", 256), 4, 1, _FakeCudaQ(256), 8 * 4 * 16)["kv_a"] is True
+    small = decode.default_launch(octave, 8, 1, _FakeCudaQ(128), 1 * 8 * 16)  # batch 1: 1 warp per SM at most
+    assert small == {**decode.DEFAULT_LAUNCH[("octave_k3v3", 128)], "num_warps": 4, "block_n": 128}
+    assert decode.default_launch(octave, 16, 1, _FakeCudaQ(128), full) == {}  # groups over 8: not measured
+    assert decode.default_launch(octave, 8, 4, _FakeCudaQ(128), full) == {}  # chain verify: not measured
+    assert decode.default_launch(get_format("bf16", 128), 8, 1, _FakeCudaQ(128), full) == {}
+    assert decode.default_launch(get_format("int8", 64), 8, 1, _FakeCudaQ(64), full) == {}
+    assert decode.default_launch(octave, 8, 1, torch.zeros(8, 64, 128), full) == {}  # CPU tensors
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
+    assert decode.default_launch(octave, 8, 1, _FakeCudaQ(128), full) == {}  # before sm_90: not measured
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (11, 0))
+    assert decode.default_launch(octave, 8, 1, _FakeCudaQ(128), full) == {}
