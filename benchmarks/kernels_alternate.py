@@ -1,8 +1,9 @@
-"""Decode launcher variants timed in alternation with SGLang's bf16 kernel, in one process, at batch 8 x 32k (the
+"""Decode launcher variants timed in alternation with SGLang's bf16 kernel, in one process, at batch 8 x 32k by default (the
 issue-3 shape):
 
     PYTHONUNBUFFERED=1 python3 benchmarks/kernels_alternate.py --out $OUT/alt.json [--rounds 7] \
-        [--cases 128:int8,256:int8] [--variant NAME='{"num_warps": 8}' ...]      # on the H200, carrying .whl
+        [--cases 128:int8,256:int8] [--variant NAME='{"num_warps": 8}' ...] [--batch 1 --ctx 131072]
+                                                                                  # on the H200, carrying .whl
 
 One process can time the same kernel 17 % apart from the next (round 6), so a single timing per process cannot
 choose a default: here, per case (head_dim:format), SGLang's bf16 kernel and each variant (keyword arguments of
@@ -91,6 +92,8 @@ def main():
     ap.add_argument("--variant", action="append", type=parse_variant, default=[],
                     help="NAME=JSON keyword arguments of decode_attention; repeatable (default: the int8 modes)")
     ap.add_argument("--page-sizes", default="1,16", help="page sizes of the reference checks")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--ctx", type=int, default=32768, help="tokens per request")
     args = ap.parse_args()
     variants = dict(args.variant) or DEFAULT_VARIANTS
     cases = [(int(d), name) for d, _, name in (c.partition(":") for c in args.cases.split(","))]
@@ -114,7 +117,8 @@ def main():
                 print(f"check d{d} {name} page {ps} {vn}: {e:.2e}", flush=True)
     bad = {k: e for k, e in res["checks"].items() if not e < 2e-2}
     assert not bad, bad
-    batch, ctx = 8, 32768
+    batch, ctx = args.batch, args.ctx
+    res["batch"], res["ctx"] = batch, ctx
     for d, name in cases:
         hq, hkv, rot = HEAD_CONFIGS[d]
         fmt = get_format(name, head_dim=d, rotary_dim=rot)
