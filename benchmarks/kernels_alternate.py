@@ -71,6 +71,27 @@ def check(fmt, hq, hkv, d, variant, page_size, device, gen) -> float:
     return rel_err(o.float(), ref) if not o.isnan().any() else float("nan")
 
 
+def copy_bandwidth(device) -> float:
+    """TB/s of a 4 GiB device-to-device copy (bytes read + written over the median time); printed."""
+    src = torch.empty(4 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    t = triton.testing.do_bench(lambda: dst.copy_(src), warmup=5, rep=100, quantiles=[0.5])
+    tbps = 2 * src.numel() / (t * 1e-3) / 1e12
+    print(f"copy {tbps:.3f} TB/s", flush=True)
+    return tbps
+
+
+def alternate(runs: dict, rounds: int, label: str) -> dict[str, list[float]]:
+    """Each of `runs` (name -> callable) timed once per round, in turn, `rounds` times: name -> the do_bench
+    medians in us, one per round; each round printed."""
+    times = {n: [] for n in runs}
+    for r in range(rounds):
+        for n, fn in runs.items():
+            times[n].append(triton.testing.do_bench(fn, warmup=10, rep=60, quantiles=[0.5]) * 1e3)
+        print(f"{label} round {r}: " + " ".join(f"{n}={t[-1]:.0f}us" for n, t in times.items()), flush=True)
+    return times
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
     name, sep, kwargs = text.partition("=")
     if not sep or not name:
@@ -101,12 +122,7 @@ def main():
     gen = torch.Generator(device=device).manual_seed(0)
     res = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rounds": args.rounds,
            "variants": variants, "checks": {}, "cases": {}}
-    src = torch.empty(4 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    t = triton.testing.do_bench(lambda: dst.copy_(src), warmup=5, rep=100, quantiles=[0.5])
-    res["copy_TBps"] = copy_tbps = 2 * src.numel() / (t * 1e-3) / 1e12
-    del src, dst
-    print(f"copy {copy_tbps:.3f} TB/s", flush=True)
+    res["copy_TBps"] = copy_tbps = copy_bandwidth(device)
     for d, name in cases:
         hq, hkv, rot = HEAD_CONFIGS[d]
         fmt = get_format(name, head_dim=d, rotary_dim=rot)
@@ -128,11 +144,7 @@ def main():
         runs = {"sglang_bf16": lambda: base.run(q, kb, vb, o, indptr, idx, sm)}
         for vn, var in variants.items():
             runs[vn] = (lambda kw: lambda: kernels.decode_attention(fmt, q, planes, o, indptr, idx, sm, **kw))(var)
-        times = {n: [] for n in runs}
-        for r in range(args.rounds):
-            for n, fn in runs.items():
-                times[n].append(triton.testing.do_bench(fn, warmup=10, rep=60, quantiles=[0.5]) * 1e3)
-            print(f"d{d} {name} round {r}: " + " ".join(f"{n}={t[-1]:.0f}us" for n, t in times.items()), flush=True)
+        times = alternate(runs, args.rounds, f"d{d} {name}")
         med = {n: statistics.median(t) for n, t in times.items()}
         summary = {n: {"median_us": m, "min_us": min(times[n]), "max_us": max(times[n]),
                        "speedup_vs_sglang": med["sglang_bf16"] / m} for n, m in med.items()}

@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from kernels_alternate import alternate, copy_bandwidth  # noqa: E402
 from kernels_bench import HEAD_CONFIGS  # noqa: E402
 from kernels_profile import random_planes  # noqa: E402
 from kernels_variants import decode_inputs  # noqa: E402
@@ -55,12 +56,7 @@ def main():
     gen = torch.Generator(device=device).manual_seed(0)
     res = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rounds": args.rounds,
            "variant": variant, "cases": {}}
-    src = torch.empty(4 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    t = triton.testing.do_bench(lambda: dst.copy_(src), warmup=5, rep=100, quantiles=[0.5])
-    res["copy_TBps"] = copy_tbps = 2 * src.numel() / (t * 1e-3) / 1e12
-    del src, dst
-    print(f"copy {copy_tbps:.3f} TB/s", flush=True)
+    res["copy_TBps"] = copy_tbps = copy_bandwidth(device)
     batch, ctx = 8, 32768
     for case in args.cases.split(","):
         d, _, name = case.partition(":")
@@ -84,11 +80,7 @@ def main():
         runs = {"sglang_bf16": lambda: base.run(q, kb, vb, o, indptr, idx, sm)}
         for ln, pl in layouts.items():
             runs[ln] = (lambda p: lambda: kernels.decode_attention(fmt, q, p, o, indptr, idx, sm, **variant))(pl)
-        times = {n: [] for n in runs}
-        for r in range(args.rounds):
-            for n, fn in runs.items():
-                times[n].append(triton.testing.do_bench(fn, warmup=10, rep=60, quantiles=[0.5]) * 1e3)
-            print(f"d{d} {name} round {r}: " + " ".join(f"{n}={v[-1]:.0f}us" for n, v in times.items()), flush=True)
+        times = alternate(runs, args.rounds, f"d{d} {name}")
         med = {n: statistics.median(v) for n, v in times.items()}
         share = {n: nbytes / (med[n] * 1e-6) / 1e12 / copy_tbps for n in layouts}
         res["cases"][case] = {"bytes": nbytes, "times_us": times, "median_us": med, "copy_share": share}

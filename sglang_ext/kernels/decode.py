@@ -24,7 +24,7 @@ from ..kvformats import KVFormat, rotation
 from . import tables
 from .checks import check_planes
 from .rotate import rotate_rows
-from .tiles import accumulate, accumulate_t, load_q_blocks, q_blocks_f16, scores, scores_t, store_blocks
+from .tiles import q_rows, accumulate, load_q_blocks, q_blocks_f16, scores, store_blocks
 
 MIN_BLOCK_KV = 32
 DEFAULT_MAX_KV_SPLITS = 16
@@ -114,46 +114,26 @@ def _attend_tile(slot, mask_n, mask_2d, q0, q1, q2, q3, q_scale, e_max, e_sum, a
                  LUT: tl.constexpr, I8_F16: tl.constexpr, KV_A: tl.constexpr = False):
     """One online-softmax step over the tokens at `slot` [BLOCK_N]; mask_n [BLOCK_N]: tokens to read; mask_2d
     [BLOCK_H, BLOCK_N] or [1, BLOCK_N]: which row sees which token. KV_A: the same step transposed, K and V tiles
-    as the dots' first operand (tiles.scores_t): q blocks [64, BLOCK_H], mask_2d [BLOCK_N, BLOCK_H] or
+    as the dots' first operand (tiles.scores): q blocks [64, BLOCK_H], mask_2d [BLOCK_N, BLOCK_H] or
     [BLOCK_N, 1], accumulators [64, BLOCK_H]."""
-    if KV_A:
-        qk = scores_t(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
-                      slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_H, BLOCK_N,
-                      DOT_BF16, LUT, I8_F16)
-        qk = qk * q_scale[None, :]
-        if LOGIT_CAP > 0:
-            qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
-        qk = tl.where(mask_2d, qk, float("-inf"))
-        n_max = tl.maximum(tl.max(qk, 0), e_max)
-        rescale = tl.exp(e_max - n_max)
-        p = tl.exp(qk - n_max[None, :])
-        e_sum = e_sum * rescale + tl.sum(p, 0)
-        acc0 = acc0 * rescale[None, :]
-        acc1 = acc1 * rescale[None, :]
-        acc2 = acc2 * rescale[None, :]
-        acc3 = acc3 * rescale[None, :]
-        acc0, acc1, acc2, acc3 = accumulate_t(
-            FMT, p, acc0, acc1, acc2, acc3, v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
-            slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT, I8_F16)
-    else:
-        qk = scores(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
-                    slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_H, BLOCK_N,
-                    DOT_BF16, LUT, I8_F16)
-        qk = qk * q_scale[:, None]
-        if LOGIT_CAP > 0:
-            qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
-        qk = tl.where(mask_2d, qk, float("-inf"))
-        n_max = tl.maximum(tl.max(qk, 1), e_max)
-        rescale = tl.exp(e_max - n_max)
-        p = tl.exp(qk - n_max[:, None])
-        e_sum = e_sum * rescale + tl.sum(p, 1)
-        acc0 = acc0 * rescale[:, None]
-        acc1 = acc1 * rescale[:, None]
-        acc2 = acc2 * rescale[:, None]
-        acc3 = acc3 * rescale[:, None]
-        acc0, acc1, acc2, acc3 = accumulate(
-            FMT, p, acc0, acc1, acc2, acc3, v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
-            slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT, I8_F16)
+    qk = scores(FMT, q0, q1, q2, q3, k_codes, k_scales, slot * stride_kc_slot + kv_head * stride_kc_head,
+                slot * stride_ks_slot + kv_head * stride_ks_head, mask_n, K_N4, NB, BLOCK_H, BLOCK_N,
+                DOT_BF16, LUT, I8_F16, KV_A)
+    qk = qk * q_rows(q_scale, KV_A)
+    if LOGIT_CAP > 0:
+        qk = LOGIT_CAP * _tanh(qk / LOGIT_CAP)
+    qk = tl.where(mask_2d, qk, float("-inf"))
+    n_max = tl.maximum(tl.max(qk, 0 if KV_A else 1), e_max)
+    rescale = tl.exp(e_max - n_max)
+    p = tl.exp(qk - q_rows(n_max, KV_A))
+    e_sum = e_sum * rescale + tl.sum(p, 0 if KV_A else 1)
+    acc0 = acc0 * q_rows(rescale, KV_A)
+    acc1 = acc1 * q_rows(rescale, KV_A)
+    acc2 = acc2 * q_rows(rescale, KV_A)
+    acc3 = acc3 * q_rows(rescale, KV_A)
+    acc0, acc1, acc2, acc3 = accumulate(
+        FMT, p, acc0, acc1, acc2, acc3, v_codes, v_scales, slot * stride_vc_slot + kv_head * stride_vc_head,
+        slot * stride_vs_slot + kv_head * stride_vs_head, mask_n, V_N4, NB, BLOCK_N, DOT_BF16, LUT, I8_F16, KV_A)
     return n_max, e_sum, acc0, acc1, acc2, acc3
 
 
@@ -394,7 +374,7 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     dot_bf16: feed the tensor-core dots bf16 operands (q, tile values, probabilities; scales stay float32);
     None = on a GPU, not under the CPU interpreter (where float32 keeps tests exact). block_n: tokens per loop
     iteration, num_warps, min_rows (query rows of a program's dots at least: a group's q_len x group rows, padded
-    to a power of 2), kv_a (K / V tiles as the dots' first operand, tiles.scores_t): None = default_launch's
+    to a power of 2), kv_a (K / V tiles as the dots' first operand, tiles.scores): None = default_launch's
     entry, else default_block_n, 4 warps, 16 rows, False; num_stages: Triton's pipelining depth (None: its default); maxnreg:
     registers per thread at most (None: default_maxnreg's cap, or ptxas's choice; 0: ptxas's choice);
     lut: octave level decode (LUT_SELECT / LUT_PTX / LUT_PTX_CODES; None: level_decode's choice). int8_f16: int8

@@ -130,12 +130,38 @@ def _dot(a, b, DOT_BF16: tl.constexpr):
 
 
 @triton.jit
+def q_rows(x, KV_A: tl.constexpr):
+    """A per-query-row vector broadcast over a [M, BLOCK_N] tile, or a [BLOCK_N, M] one with KV_A."""
+    if KV_A:
+        r = x[None, :]
+    else:
+        r = x[:, None]
+    return r
+
+
+@triton.jit
+def token_cols(x, KV_A: tl.constexpr):
+    """A per-token vector broadcast over a [M, BLOCK_N] tile, or a [BLOCK_N, M] one with KV_A."""
+    if KV_A:
+        r = x[:, None]
+    else:
+        r = x[None, :]
+    return r
+
+
+@triton.jit
 def scores(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, mask_n, N4: tl.constexpr,
            NB: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
-           LUT: tl.constexpr, I8_F16: tl.constexpr = 0):
+           LUT: tl.constexpr, I8_F16: tl.constexpr = 0, KV_A: tl.constexpr = False):
     """q . k for a tile: float32 [M, BLOCK_N]. q0..q3: the query's 64-dim blocks [M, 64] (fp16 and scaled to
-    |q| <= 1 per row for int8 with I8_F16: see q_blocks_f16)."""
-    qk = tl.zeros([M, BLOCK_N], dtype=tl.float32)
+    |q| <= 1 per row for int8 with I8_F16: see q_blocks_f16). KV_A: transposed, K as the dots' first operand,
+    k . q [BLOCK_N, M] from q blocks [64, M]: with M = 8 query rows (a GQA group of 8) the tensor-core tiles hold no
+    padding rows, and the loop-invariant q is the second operand, 2 registers per 16 dims that no row padding
+    duplicates (docs/benchmarks/kernels.md, round 11)."""
+    if KV_A:
+        qk = tl.zeros([BLOCK_N, M], dtype=tl.float32)
+    else:
+        qk = tl.zeros([M, BLOCK_N], dtype=tl.float32)
     for b in tl.static_range(NB):
         if b == 0:
             qb = q0
@@ -146,106 +172,51 @@ def scores(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, 
         else:
             qb = q3
         kb = kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT, I8_F16, True)
-        if FMT == 1 and I8_F16:
-            part = tl.dot(qb, tl.trans(kb))
+        if KV_A:
+            x, y = kb, qb
         else:
-            part = _dot(qb, tl.trans(kb), DOT_BF16)
+            x, y = qb, tl.trans(kb)
+        if FMT == 1 and I8_F16:
+            part = tl.dot(x, y)
+        else:
+            part = _dot(x, y, DOT_BF16)
         if FMT == 2:
-            part = part * kv_scale(FMT, scales_ptr, srow, mask_n, b)[None, :]
+            part = part * token_cols(kv_scale(FMT, scales_ptr, srow, mask_n, b), KV_A)
         qk += part
     if FMT == 1:
-        qk = qk * kv_scale(FMT, scales_ptr, srow, mask_n, 0)[None, :]
+        qk = qk * token_cols(kv_scale(FMT, scales_ptr, srow, mask_n, 0), KV_A)
     return qk
 
 
 @triton.jit
 def accumulate(FMT: tl.constexpr, p, acc0, acc1, acc2, acc3, codes_ptr, scales_ptr, row, srow, mask_n,
                N4: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
-               LUT: tl.constexpr, I8_F16: tl.constexpr = 0):
+               LUT: tl.constexpr, I8_F16: tl.constexpr = 0, KV_A: tl.constexpr = False):
     """acc_b += p @ v_b for a tile; p float32 [M, BLOCK_N] (the V scales are folded into p's columns). int8
     with I8_F16: p's columns are scaled by scale / (the tile's largest scale), so the fp16 operand stays in
-    [0, 1] whatever the scales' magnitude, and the tile's largest scale multiplies the dot's float32 result."""
+    [0, 1] whatever the scales' magnitude, and the tile's largest scale multiplies the dot's float32 result.
+    KV_A: transposed, acc_b [64, M] += v_b^T @ p for p [BLOCK_N, M] (V as the first operand)."""
     tile_scale = 1.0
     if FMT == 1:
         vs = kv_scale(FMT, scales_ptr, srow, mask_n, 0)
         if I8_F16:
             tile_scale = tl.maximum(tl.max(vs, 0), 1e-30)
-            p = (p * (vs / tile_scale)[None, :]).to(tl.float16)
+            p = (p * token_cols(vs / tile_scale, KV_A)).to(tl.float16)
         else:
-            p = p * vs[None, :]
+            p = p * token_cols(vs, KV_A)
     for b in tl.static_range(NB):
         pb = p
         if FMT == 2:
-            pb = p * kv_scale(FMT, scales_ptr, srow, mask_n, b)[None, :]
+            pb = p * token_cols(kv_scale(FMT, scales_ptr, srow, mask_n, b), KV_A)
         vb = kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT, I8_F16)
+        if KV_A:
+            x, y = tl.trans(vb), pb
+        else:
+            x, y = pb, vb
         if FMT == 1 and I8_F16:
-            part = tl.dot(pb, vb) * tile_scale
+            part = tl.dot(x, y) * tile_scale
         else:
-            part = _dot(pb, vb, DOT_BF16)
-        if b == 0:
-            acc0 += part
-        elif b == 1:
-            acc1 += part
-        elif b == 2:
-            acc2 += part
-        else:
-            acc3 += part
-    return acc0, acc1, acc2, acc3
-
-
-@triton.jit
-def scores_t(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, mask_n, N4: tl.constexpr,
-             NB: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
-             LUT: tl.constexpr, I8_F16: tl.constexpr = 0):
-    """`scores` transposed, K as the dots' first operand: k . q for a tile, float32 [BLOCK_N, M]; q0..q3 the
-    query's blocks transposed, [64, M]. With M = 8 query rows (a GQA group of 8) the tensor-core tiles hold no
-    padding rows, and the loop-invariant q is the second operand, which the tensor cores take as 2 registers per
-    16 dims that no row padding duplicates."""
-    qk = tl.zeros([BLOCK_N, M], dtype=tl.float32)
-    for b in tl.static_range(NB):
-        if b == 0:
-            qb = q0
-        elif b == 1:
-            qb = q1
-        elif b == 2:
-            qb = q2
-        else:
-            qb = q3
-        kb = kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT, I8_F16, True)
-        if FMT == 1 and I8_F16:
-            part = tl.dot(kb, qb)
-        else:
-            part = _dot(kb, qb, DOT_BF16)
-        if FMT == 2:
-            part = part * kv_scale(FMT, scales_ptr, srow, mask_n, b)[:, None]
-        qk += part
-    if FMT == 1:
-        qk = qk * kv_scale(FMT, scales_ptr, srow, mask_n, 0)[:, None]
-    return qk
-
-
-@triton.jit
-def accumulate_t(FMT: tl.constexpr, p, acc0, acc1, acc2, acc3, codes_ptr, scales_ptr, row, srow, mask_n,
-                 N4: tl.constexpr, NB: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
-                 LUT: tl.constexpr, I8_F16: tl.constexpr = 0):
-    """`accumulate` transposed: acc_b [64, M] += v_b^T @ p for p float32 [BLOCK_N, M] (V as the first operand)."""
-    tile_scale = 1.0
-    if FMT == 1:
-        vs = kv_scale(FMT, scales_ptr, srow, mask_n, 0)
-        if I8_F16:
-            tile_scale = tl.maximum(tl.max(vs, 0), 1e-30)
-            p = (p * (vs / tile_scale)[:, None]).to(tl.float16)
-        else:
-            p = p * vs[:, None]
-    for b in tl.static_range(NB):
-        pb = p
-        if FMT == 2:
-            pb = p * kv_scale(FMT, scales_ptr, srow, mask_n, b)[:, None]
-        vb = tl.trans(kv_block(FMT, codes_ptr, row, mask_n, b, N4, BLOCK_N, LUT, I8_F16))
-        if FMT == 1 and I8_F16:
-            part = tl.dot(vb, pb) * tile_scale
-        else:
-            part = _dot(vb, pb, DOT_BF16)
+            part = _dot(x, y, DOT_BF16)
         if b == 0:
             acc0 += part
         elif b == 1:
