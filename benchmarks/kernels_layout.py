@@ -14,6 +14,7 @@ other (same values, same output) before timing.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -26,13 +27,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from kernels_alternate import alternate, copy_bandwidth  # noqa: E402
-from kernels_bench import HEAD_CONFIGS  # noqa: E402
-from kernels_profile import random_planes  # noqa: E402
-from kernels_variants import decode_inputs  # noqa: E402
+from kernels_alternate import alternate, copy_bandwidth
+from kernels_bench import HEAD_CONFIGS
+from kernels_profile import random_planes
+from kernels_variants import decode_inputs
 
-from sglang_ext import kernels  # noqa: E402
-from sglang_ext.kvformats import get_format  # noqa: E402
+from sglang_ext import kernels
+from sglang_ext.kvformats import get_format
 
 
 def head_major(planes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -77,9 +78,9 @@ def main():
             outs[ln] = out.float()
         diff = ((outs["head_major"] - outs["slot_major"]).norm() / outs["slot_major"].norm()).item()
         assert diff < 1e-6 and not outs["slot_major"].isnan().any(), diff
-        runs = {"sglang_bf16": lambda: base.run(q, kb, vb, o, indptr, idx, sm)}
+        runs = {"sglang_bf16": functools.partial(base.run, q, kb, vb, o, indptr, idx, sm)}
         for ln, pl in layouts.items():
-            runs[ln] = (lambda p: lambda: kernels.decode_attention(fmt, q, p, o, indptr, idx, sm, **variant))(pl)
+            runs[ln] = functools.partial(kernels.decode_attention, fmt, q, pl, o, indptr, idx, sm, **variant)
         times = alternate(runs, args.rounds, f"d{d} {name}")
         med = {n: statistics.median(v) for n, v in times.items()}
         share = {n: nbytes / (med[n] * 1e-6) / 1e12 / copy_tbps for n in layouts}
