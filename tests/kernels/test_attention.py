@@ -339,9 +339,9 @@ def test_chain_verify_through_decode_matches_reference(name, head_dim, rotary_di
 # and a chain verify, every format; the reference is the extend reference (q_len 1: a decode step).
 @pytest.mark.parametrize("name", FORMAT_NAMES)
 @pytest.mark.parametrize("head_dim,rotary_dim,h_kv,group,q_len,launch", [
-    (64, None, 2, 3, 1, dict(kv_a=True, min_rows=8, num_warps=1, block_n=32)),
-    (128, None, 1, 8, 1, dict(kv_a=False, min_rows=8)),
-    (128, None, 2, 2, 3, dict(kv_a=True, min_rows=8, num_warps=2, block_n=64))])
+    (64, None, 2, 3, 1, {"kv_a": True, "min_rows": 8, "num_warps": 1, "block_n": 32}),
+    (128, None, 1, 8, 1, {"kv_a": False, "min_rows": 8}),
+    (128, None, 2, 2, 3, {"kv_a": True, "min_rows": 8, "num_warps": 2, "block_n": 64})])
 def test_decode_launches_match_reference(name, head_dim, rotary_dim, h_kv, group, q_len, launch, device):
     fmt = get_format(name, head_dim, rotary_dim)
     gen = torch.Generator().manual_seed(29)
@@ -361,7 +361,7 @@ def test_decode_launches_match_reference(name, head_dim, rotary_dim, h_kv, group
         lens, slots = prefix, prefix_slots
         ref = reference.extend_attention(fmt, q, None, None, planes, indptr([q_len] * len(prefix), device),
                                          indptr(prefix, device), prefix_slots, head_dim ** -0.5, new_slots=draft_slots)
-        kw = dict(q_len=q_len, new_slots=draft_slots)
+        kw = {"q_len": q_len, "new_slots": draft_slots}
     o = torch.full(q.shape, float("nan"), dtype=torch.float32, device=device)
     decode_attention(fmt, q, planes, o, indptr(lens, device), slots, head_dim ** -0.5, max_kv_splits=3, page_size=16,
                      dot_bf16=False, **launch, **kw)
