@@ -64,10 +64,12 @@ OCTAVE_MAXNREG = 128
 # compute capability 9 or later. Measured on an H200 at batch 8 x 32k, group 8, alternated 3 times with the earlier
 # launch (4 warps, 16 rows; docs/benchmarks/kernels.md, round 11): int8 d128 208 -> 168 us, d256 200 -> 174;
 # octave_k3v4 d128 295 -> 263, d256 406 -> 371; octave_k3v3 d128 285 -> 228, d256 404 -> 373. Elsewhere (other
-# GPUs, larger groups, verify steps, bf16 planes) the earlier launch, not measured against this one.
+# GPUs, larger groups, verify steps, bf16 planes) the earlier launch, not measured against this one. int8 prefetches
+# one tile ahead (num_stages 2) rather than Triton's default two (num_stages 3): CUDA-graph replays, round 12, d128
+# 160 -> 154 us, d256 169 -> 166 (octave lost with it: d128 k3v4 258 -> 277).
 DEFAULT_LAUNCH = {
-    ("int8", 128): {"kv_a": True, "num_warps": 1, "block_n": 64, "min_rows": 8},
-    ("int8", 256): {"kv_a": True, "num_warps": 2, "block_n": 64, "min_rows": 8},
+    ("int8", 128): {"kv_a": True, "num_warps": 1, "block_n": 64, "min_rows": 8, "num_stages": 2},
+    ("int8", 256): {"kv_a": True, "num_warps": 2, "block_n": 64, "min_rows": 8, "num_stages": 2},
     ("octave_k3v4", 128): {"kv_a": False, "num_warps": 4, "block_n": 128, "min_rows": 8},
     ("octave_k3v4", 256): {"kv_a": False, "num_warps": 4, "block_n": 128, "min_rows": 8},
     ("octave_k3v3", 128): {"kv_a": True, "num_warps": 1, "block_n": 64, "min_rows": 8},
@@ -76,7 +78,8 @@ DEFAULT_LAUNCH = {
 
 # With 1-2 warps a program, a small batch leaves SMs idle: at batch 1 x 128k (8 KV heads x 16 splits = 128 programs
 # of 1 warp on 132 SMs) the int8 d128 entry took 286 us against 234 us with 4 warps, octave_k3v3 d128 534 against
-# 279 (round 11). Where the grid cannot bring this many warps per SM, the entry runs with 4 warps and 128 tokens.
+# 279 (round 11). Where the grid cannot bring this many warps per SM, the entry runs with 4 warps and 128 tokens
+# (and Triton's default pipelining depth: the round-11 measurement).
 LAUNCH_MIN_WARPS_PER_SM = 4
 
 
@@ -96,7 +99,7 @@ def default_launch(fmt: KVFormat, group: int, q_len: int, x: torch.Tensor, progr
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     if programs * entry["num_warps"] >= LAUNCH_MIN_WARPS_PER_SM * sms:
         return entry
-    return {**entry, "num_warps": 4, "block_n": 128}
+    return {**{k: v for k, v in entry.items() if k != "num_stages"}, "num_warps": 4, "block_n": 128}
 
 
 @triton.jit
@@ -226,33 +229,45 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
 def _decode_stage2(mid_o, mid_lse, out_ptr, kv_indptr, num_kv_splits,
                    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
                    D: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_BLOCK: tl.constexpr, Q_LEN: tl.constexpr = 1):
+    # Every split's partial output loaded at once as one [splits, D] tile and merged by its log-sum-exp weight:
+    # no chain of dependent loads (a loop over the splits was latency-bound: 6-7 us for batch 8 x 64 heads x
+    # 16 splits on an H200, 13 us with 32 splits).
     batch = tl.program_id(0).to(tl.int64)  # a q row: request batch // Q_LEN
     head = tl.program_id(1)
     offs_d = tl.arange(0, D)
+    offs_s = tl.arange(0, triton.next_power_of_2(MAX_SPLITS))
     req = batch // Q_LEN
     seq_len = tl.load(kv_indptr + req + 1) - tl.load(kv_indptr + req)
     splits = tl.load(num_kv_splits + req)
     per_split = tl.cdiv(tl.cdiv(seq_len, splits), MIN_BLOCK) * MIN_BLOCK
-    e_max = float("-inf")
-    e_sum = 0.0
-    acc = tl.zeros([D], dtype=tl.float32)
-    for s in range(MAX_SPLITS):
-        s0 = per_split * s
-        s1 = tl.minimum(s0 + per_split, seq_len)
-        use = s1 > s0
-        if Q_LEN > 1:
-            use = use | (s == splits - 1)
-        if use:
-            part = tl.load(mid_o + batch * stride_mo_b + head * stride_mo_h + s * stride_mo_s + offs_d)
-            lse = tl.load(mid_lse + batch * stride_ml_b + head * stride_ml_h + s)
-            n_max = tl.maximum(lse, e_max)
-            old = tl.exp(e_max - n_max)
-            w = tl.exp(lse - n_max)
-            acc = acc * old + w * part
-            e_sum = e_sum * old + w
-            e_max = n_max
+    s0 = per_split * offs_s
+    use = (tl.minimum(s0 + per_split, seq_len) > s0)  # the splits stage 1 ran
+    if Q_LEN > 1:
+        use = use | (offs_s == splits - 1)
+    use = use & (offs_s < MAX_SPLITS)
+    lse = tl.load(mid_lse + batch * stride_ml_b + head * stride_ml_h + offs_s, mask=use, other=float("-inf"))
+    part = tl.load(mid_o + batch * stride_mo_b + head * stride_mo_h + offs_s[:, None] * stride_mo_s + offs_d[None, :],
+                   mask=use[:, None], other=0.0)
+    w = tl.where(use, tl.exp(lse - tl.maximum(tl.max(lse, axis=0), -1e30)), 0.0)  # no split: no -inf - -inf
+    e_sum = tl.sum(w, axis=0)
+    acc = tl.sum(w[:, None] * part, axis=0)
     out = tl.where(e_sum > 0, acc / tl.maximum(e_sum, 1e-30), 0.0)
     tl.store(out_ptr + batch * stride_o_b + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+_SPLITS: dict[tuple, torch.Tensor] = {}
+
+
+def split_counts(batch: int, splits: int, dev: torch.device) -> torch.Tensor:
+    """int32 [batch] filled with `splits`; on a GPU cached per (device, batch, splits), which spares decode a
+    fill kernel, except while a CUDA graph is captured (a tensor made then holds its values only once the graph
+    has run)."""
+    if dev.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return torch.full((batch,), splits, dtype=torch.int32, device=dev)
+    key = (dev.index, batch, splits)
+    if key not in _SPLITS:
+        _SPLITS[key] = torch.full((batch,), splits, dtype=torch.int32, device=dev)
+    return _SPLITS[key]
 
 
 def use_bf16_dots(x: torch.Tensor, requested: bool | None) -> bool:
@@ -375,8 +390,9 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     None = on a GPU, not under the CPU interpreter (where float32 keeps tests exact). block_n: tokens per loop
     iteration, num_warps, min_rows (query rows of a program's dots at least: a group's q_len x group rows, padded
     to a power of 2), kv_a (K / V tiles as the dots' first operand, tiles.scores): None = default_launch's
-    entry, else default_block_n, 4 warps, 16 rows, False; num_stages: Triton's pipelining depth (None: its default); maxnreg:
-    registers per thread at most (None: default_maxnreg's cap, or ptxas's choice; 0: ptxas's choice);
+    entry, else default_block_n, 4 warps, 16 rows, False; num_stages: Triton's pipelining depth (None: the
+    entry's, else Triton's default); maxnreg: registers per thread at most (None: default_maxnreg's cap, or
+    ptxas's choice; 0: ptxas's choice);
     lut: octave level decode (LUT_SELECT / LUT_PTX / LUT_PTX_CODES; None: level_decode's choice). int8_f16: int8
     codes to fp16 dot operands in PTX (I8_F16_BOTH / I8_F16_V / I8_FLOAT32; None: int8_f16_dots' choice). Returns o."""
     check_planes(fmt, planes)
@@ -408,6 +424,7 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     kv_a = launch.get("kv_a", False) if kv_a is None else kv_a
     bf16_dots = use_bf16_dots(q, dot_bf16)
     launch_opts = {"num_warps": num_warps}
+    num_stages = num_stages or launch.get("num_stages")
     if num_stages is not None:
         launch_opts["num_stages"] = num_stages
     block_h = max(min_rows, triton.next_power_of_2(group * q_len))
@@ -443,7 +460,7 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
             slots = torch.cuda.get_device_properties(dev).multi_processor_count * _RESIDENT[key]
             seq_len = max(1, kv_indices.shape[0] // batch)  # mean length, known on the host without a sync
             splits = grid_splits = wave_splits(batch * h_kv, max_kv_splits, slots, seq_len, block_n)
-        num_kv_splits = torch.full((batch,), splits, dtype=torch.int32, device=dev)
+        num_kv_splits = split_counts(batch, splits, dev)
     assert num_kv_splits.shape[0] >= batch, num_kv_splits.shape
     _decode_stage1[(batch, h_kv, grid_splits)](*args[:7], num_kv_splits, *args[8:], **consts)
     out = torch.empty(q.shape, dtype=torch.float32, device=dev) if fmt.rotated else o

@@ -83,7 +83,7 @@ def _variants():
                     I8_F16=C({"cuda": decode.DEFAULT_I8_F16.get(d, decode.I8_F16_BOTH) if fmt == 1
                               else decode.I8_FLOAT32, "hip": decode.I8_FLOAT32}),
                     Q_LEN=C(q_len), BLOCK_T=C(16), KV_A=C(launch.get("kv_a", False))),
-                    {"num_warps": launch.get("num_warps", 4),
+                    {"num_warps": launch.get("num_warps", 4), "num_stages": launch.get("num_stages"),
                      "maxnreg": PerTarget({"cuda:90": decode.OCTAVE_MAXNREG} if fmt == 2 and q_len == 1 and not launch
                                           else {})}))
             # the causal extend everywhere; speculative verify (SGLang's custom tree mask, the new tokens read

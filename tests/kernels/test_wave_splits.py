@@ -82,6 +82,9 @@ def test_launch_table_only_where_it_was_measured(monkeypatch):
     assert decode.default_launch(get_format("int8", 256), 4, 1, _FakeCudaQ(256), 8 * 4 * 16)["kv_a"] is True
     small = decode.default_launch(octave, 8, 1, _FakeCudaQ(128), 1 * 8 * 16)  # batch 1: 1 warp per SM at most
     assert small == {**decode.DEFAULT_LAUNCH[("octave_k3v3", 128)], "num_warps": 4, "block_n": 128}
+    int8 = get_format("int8", 128)  # its entry pipelines 2 deep; the small-grid launch keeps Triton's default
+    assert decode.default_launch(int8, 8, 1, _FakeCudaQ(128), full)["num_stages"] == 2
+    assert "num_stages" not in decode.default_launch(int8, 8, 1, _FakeCudaQ(128), 1 * 8 * 16)
     assert decode.default_launch(octave, 16, 1, _FakeCudaQ(128), full) == {}  # groups over 8: not measured
     assert decode.default_launch(octave, 8, 4, _FakeCudaQ(128), full) == {}  # chain verify: not measured
     assert decode.default_launch(get_format("bf16", 128), 8, 1, _FakeCudaQ(128), full) == {}
