@@ -2,6 +2,8 @@
 bit-exact in every host layout and KV format, rows outside the moved slots untouched. Interpreter on CPU; on a
 GPU host the device planes live on the GPU and the host planes are page-locked (read in place)."""
 
+import os
+
 import pytest
 import torch
 
@@ -10,7 +12,8 @@ from sglang_ext.kvcache.formats import KV_CACHE_DTYPES
 from sglang_ext.kvformats import get_format
 
 HEADS, DIM, LAYERS, DEVICE_SLOTS, HOST_SLOTS, PAGE = 3, 64, 2, 24, 32, 4
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# CPU planes only under the interpreter: compiled kernels (TRITON_INTERPRET=0 on a GPU host) take GPU planes
+DEVICES = (["cpu"] if os.environ.get("TRITON_INTERPRET") == "1" else []) + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def quantized_layers(fmt, seed, device):

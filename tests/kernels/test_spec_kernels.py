@@ -97,13 +97,16 @@ def test_tree_sampling_kernel_matches_torch(n, vocab, seed, device):
     cand = torch.randint(0, 3, (bs, n), device=device)
     coins, final = torch.rand(bs, n, device=device), torch.rand(bs, device=device)
     outs = []
-    for fn in (verify_ops.tree_speculative_sampling_target_only, spec_sampling.tree_speculative_sampling_target_only):
-        pred = torch.zeros(bs * n, dtype=torch.int32, device=device)
-        acc = torch.full((bs, n), -1, dtype=torch.int32, device=device)
-        num = torch.zeros(bs, dtype=torch.int32, device=device)
-        draft = torch.zeros_like(target)
-        fn(pred, acc, num, cand, ridx, nxt, sib, coins, final, target.clone(), draft)
-        outs.append((pred, acc, num, draft))
+    # the torch op indexes through numpy: it runs on CPU copies when the kernel runs on a GPU
+    for fn, dev in ((verify_ops.tree_speculative_sampling_target_only, "cpu"),
+                    (spec_sampling.tree_speculative_sampling_target_only, device)):
+        pred = torch.zeros(bs * n, dtype=torch.int32, device=dev)
+        acc = torch.full((bs, n), -1, dtype=torch.int32, device=dev)
+        num = torch.zeros(bs, dtype=torch.int32, device=dev)
+        draft = torch.zeros(target.shape, dtype=target.dtype, device=dev)
+        inputs = (t.to(dev) for t in (cand, ridx, nxt, sib, coins, final))
+        fn(pred, acc, num, *inputs, target.to(dev).clone(), draft)
+        outs.append(tuple(t.cpu() for t in (pred, acc, num, draft)))
     assert int(outs[0][2].sum()) > 0, "no draft accepted: the comparison would not cover the accept path"
     for g, w in zip(outs[1], outs[0]):
         assert torch.equal(g, w)
