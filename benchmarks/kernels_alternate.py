@@ -119,17 +119,22 @@ def bench_graph(fn) -> float:
     time without the host's launch time, which eager timings of short calls include whenever the host launches
     slower than the GPU runs (the 'slow states' of rounds 10-11)."""
     if fn not in _GRAPHS:
-        fn()
-        torch.cuda.synchronize()
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            fn()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-        torch.cuda.synchronize()
-        _GRAPHS[fn] = graph
+        _GRAPHS[fn] = capture_graph(fn)
     return bench_clean(_GRAPHS[fn].replay)
+
+
+def capture_graph(fn) -> torch.cuda.CUDAGraph:
+    """fn captured in a CUDA graph, after an eager warm-up call (compiles, fills launcher caches)."""
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    torch.cuda.synchronize()
+    return graph
 
 
 TIMERS = {"do_bench": lambda fn: triton.testing.do_bench(fn, warmup=10, rep=60, quantiles=[0.5]) * 1e3,

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from kernels_alternate import capture_graph
 from kernels_bench import HEAD_CONFIGS
 from kernels_profile import random_planes
 from kernels_variants import decode_inputs
@@ -31,16 +32,7 @@ from sglang_ext.kvformats import get_format
 
 
 def graph_time(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(graph.replay, warmup=10, rep=60, quantiles=[0.5]) * 1e3
+    return triton.testing.do_bench(capture_graph(fn).replay, warmup=10, rep=60, quantiles=[0.5]) * 1e3
 
 
 def kernel_times(fn, calls: int = 20) -> dict[str, float]:
