@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from gpu_timing import bench_clean, capture_graph  # noqa: E402
 from kernels_check import LAST_PHASE, check_format, check_sglang, rel_err  # noqa: E402
 from kernels_report import print_table, targets  # noqa: E402
 from kernels_sglang_baseline import SGLANG_DEFAULT_MAX_KV_SPLITS, SGLangTritonDecode, sglang_extend  # noqa: E402
@@ -49,18 +50,27 @@ ROTATE_BELOW_BYTES = 1 << 30  # rotate among several slot windows when one call'
 
 
 class Timer:
-    """Median of triton.testing.do_bench (L2 flushed before every call) on the GPU; one wall-clock run on CPU."""
+    """Median of triton.testing.do_bench (L2 flushed before every call) on the GPU; one wall-clock run on CPU.
+    graphs (`--timing graph`, round 12): eager calls timed by gpu_timing.bench_clean (L2 evicted by a read), and
+    decode timed as the replay of a CUDA graph (`replay`)."""
 
-    def __init__(self, gpu: bool, rep_ms: int):
-        self.gpu, self.rep_ms = gpu, rep_ms
+    def __init__(self, gpu: bool, rep_ms: int, graphs: bool = False):
+        self.gpu, self.rep_ms, self.graphs = gpu, rep_ms, graphs and gpu
 
     def __call__(self, fn, rep_ms: int | None = None) -> dict:
         if not self.gpu:
             t0 = time.perf_counter()
             fn()
             return {"ms": (time.perf_counter() - t0) * 1e3, "p20": None, "p80": None}
+        if self.graphs:
+            return {"ms": bench_clean(fn) * 1e-3, "p20": None, "p80": None}
         p20, p50, p80 = triton.testing.do_bench(fn, warmup=10, rep=rep_ms or self.rep_ms, quantiles=[0.2, 0.5, 0.8])
         return {"ms": p50, "p20": p20, "p80": p80}
+
+    def replay(self, fn) -> dict:
+        """With graphs: the median replay of fn captured in a CUDA graph (bench_clean), as "ms" and "graph_ms"."""
+        ms = bench_clean(capture_graph(fn).replay) * 1e-3
+        return {"ms": ms, "p20": None, "p80": None, "graph_ms": ms, "graph_error": None}
 
     def graph(self, fn) -> dict:
         """Median replay time of fn captured in a CUDA graph (no launch gaps), or the capture error."""
@@ -156,11 +166,15 @@ def bench_decode(cfg, fmts, kernels, kb, vb, planes, combos, timer, dtype, devic
                 f, q, planes[f.name], o_f, indptr, idx, sm_scale), o_f))
         for name, bpt, run, out in variants:
             cyc = itertools.cycle(indices)
-            t = timer(lambda run=run, cyc=cyc: run(next(cyc)))
+            if timer.graphs:  # one slot window: the read before each replay evicts the L2
+                t = timer.replay(lambda run=run: run(indices[0]))
+            else:
+                t = timer(lambda run=run, cyc=cyc: run(next(cyc)))
             kv_bytes = tokens * hkv * bpt
             row = {"kernel": name, "head_dim": d, "batch": batch, "ctx": ctx, "kv_bytes": kv_bytes, **t,
-                   "TBps": kv_bytes / (t["ms"] * 1e-3) / 1e12, "rotations": n_rot}
-            row.update(timer.graph(lambda run=run: run(indices[0])))
+                   "TBps": kv_bytes / (t["ms"] * 1e-3) / 1e12, "rotations": 1 if timer.graphs else n_rot}
+            if not timer.graphs:
+                row.update(timer.graph(lambda run=run: run(indices[0])))
             rows.append(row)
         for name, _, run, out in variants:  # same window for every kernel, then compare with SGLang's output
             run(indices[0])
@@ -269,6 +283,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="tiny sizes for a CPU run under TRITON_INTERPRET=1")
     ap.add_argument("--baseline-only", action="store_true", help="copy bandwidth + SGLang bf16 only")
     ap.add_argument("--rep-ms", type=int, default=60)
+    ap.add_argument("--timing", choices=["do_bench", "graph"], default="do_bench",
+                    help="graph: decode as CUDA-graph replays, every call after an L2 eviction by a read (round 12)")
     ap.add_argument("--head-dims", default="128,256")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
@@ -282,7 +298,7 @@ def main():
     device = "cuda" if gpu else "cpu"
     # SGLang's decode kernel does not run in bf16 under the Triton interpreter (numpy has no bf16): fp16 there
     dtype = torch.bfloat16 if gpu else torch.float16
-    timer = Timer(gpu, args.rep_ms)
+    timer = Timer(gpu, args.rep_ms, graphs=args.timing == "graph")
     lines = []
 
     def log(msg):
@@ -290,6 +306,7 @@ def main():
         lines.append(msg)
 
     res = {"device": torch.cuda.get_device_name() if gpu else "cpu (TRITON_INTERPRET=1)", "torch": torch.__version__,
+           "timing": args.timing,
            "triton": triton.__version__, "dtype": str(dtype), "checks": [], "store": [], "decode": [], "sweep": [],
            "extend": [],
            "skipped": [], "errors": []}

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from kernels_alternate import capture_graph
+from gpu_timing import capture_graph
 from kernels_bench import HEAD_CONFIGS
 from kernels_profile import random_planes
 from kernels_variants import decode_inputs
