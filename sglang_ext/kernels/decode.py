@@ -13,6 +13,7 @@ SGLang's page-aware addressing (page = slot // page_size, row = slot % page_size
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 
@@ -334,27 +335,57 @@ def default_maxnreg(kind: int, rows: int, q_len: int, x: torch.Tensor) -> int | 
 
 
 def resident_programs(kernel, device: torch.device) -> int:
-    """Programs of a compiled kernel that fit on one SM at once (registers, shared memory, threads)."""
+    """Programs of a compiled kernel that fit on one SM at once: the CUDA driver's answer
+    (cuOccupancyMaxActiveBlocksPerMultiprocessor) where there is one, else registers, shared memory and threads.
+    The driver knows what a formula over the SM's totals misses: each of an SM's 4 schedulers owns a quarter of
+    the register file, and a warp's registers come from its scheduler's quarter. The octave_k3v3 d128 launch (1
+    warp, 206 registers a thread = 6,656 a warp) fits 9 warps in the SM's 65,536 registers but 2 in a quarter's
+    16,384: 8 programs, as the driver says. With 9, wave_splits chose 9 splits at batch 32 x 32k: 941 us against
+    808 with 16 (H200; docs/benchmarks/kernels.md, round 13)."""
     kernel._init_handles()
     props = torch.cuda.get_device_properties(device)
     warps = kernel.metadata.num_warps
-    regs_per_warp = -(-kernel.n_regs * 32 // 256) * 256  # allocated per warp in units of 256 registers
-    by_regs = props.regs_per_multiprocessor // max(1, regs_per_warp * warps)
     shared = kernel.metadata.shared
+    by_driver = _driver_occupancy(kernel.function, 32 * warps, shared) if torch.version.hip is None else None
+    if by_driver:
+        return by_driver
+    regs_per_warp = -(-kernel.n_regs * 32 // 256) * 256  # allocated per warp in units of 256 registers
+    quarter_warps = props.regs_per_multiprocessor // 4 // max(1, regs_per_warp)  # warps per scheduler
+    by_regs = 4 * quarter_warps // warps
     by_smem = props.shared_memory_per_multiprocessor // (shared + 1024) if shared else 32  # + 1 KB driver reserve
     by_threads = props.max_threads_per_multi_processor // (32 * warps)
     return max(1, min(by_regs, by_smem, by_threads, 32))
+
+
+def _driver_occupancy(function: int, threads: int, shared: int) -> int | None:
+    """cuOccupancyMaxActiveBlocksPerMultiprocessor of a loaded CUfunction, or None without a CUDA driver."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    blocks = ctypes.c_int(0)
+    err = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), ctypes.c_void_p(function),
+                                                          ctypes.c_int(threads), ctypes.c_size_t(shared))
+    return blocks.value if err == 0 and blocks.value > 0 else None
+
+
+# Fixed cost of a stage-1 program in loop iterations (loading q, the first tile's latency, storing its partial
+# output; stage 2 reads one partial per split): with it, a tie between waves x iterations goes to fewer splits.
+# Chosen on the grid of benchmarks/kernels_splits.py (H200, round 13): 1-3 gave the same choices within 1 %, and
+# at batch 32 x 4k fewer splits than before, 4-12 % faster; 0 (the earlier model) took 16 splits there.
+SPLIT_OVERHEAD_ITERS = 2
 
 
 def wave_splits(programs_per_split: int, max_splits: int, slots: int, seq_len: int, block_n: int,
                 min_block: int = MIN_BLOCK_KV) -> int:
     """Split count in 1..max_splits for requests of about seq_len tokens: a stage-1 grid of equal programs
     (programs_per_split x splits) runs in ceil(programs / slots) waves of `slots` resident programs, each program
-    taking ceil(split length / block_n) loop iterations, so the cost is waves x iterations. The largest count
-    within 5 % of the cheapest wins (more splits: more slack when lengths differ)."""
+    taking ceil(split length / block_n) loop iterations plus SPLIT_OVERHEAD_ITERS, so the cost is waves x
+    iterations. The largest count within 5 % of the cheapest wins (more splits: more slack when lengths
+    differ)."""
     def cost(s: int) -> int:
         per_split = -(-(-(-seq_len // s)) // min_block) * min_block
-        return math.ceil(programs_per_split * s / slots) * max(1, -(-per_split // block_n))
+        return math.ceil(programs_per_split * s / slots) * (max(1, -(-per_split // block_n)) + SPLIT_OVERHEAD_ITERS)
 
     best = min(cost(s) for s in range(1, max_splits + 1))
     return max(s for s in range(1, max_splits + 1) if cost(s) <= 1.05 * best)

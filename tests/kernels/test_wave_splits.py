@@ -4,24 +4,39 @@ decode.default_launch: where the measured launches apply."""
 import math
 from types import SimpleNamespace
 
-from sglang_ext.kernels.decode import wave_splits
+from sglang_ext.kernels.decode import SPLIT_OVERHEAD_ITERS, resident_programs, wave_splits
 
 
 def _cost(programs: int, s: int, slots: int, seq_len: int, block_n: int) -> int:
     per_split = math.ceil(math.ceil(seq_len / s) / 32) * 32
-    return math.ceil(programs * s / slots) * max(1, math.ceil(per_split / block_n))
+    return math.ceil(programs * s / slots) * (max(1, math.ceil(per_split / block_n)) + SPLIT_OVERHEAD_ITERS)
 
 
-def test_batch_8_at_32k_fills_two_waves_instead_of_a_third_part_empty_one():
-    # 8 requests x 8 KV heads on 132 SMs x 3 programs: 16 splits = 1024 programs = 3 waves x 16 iterations;
-    # 12 splits = 2 waves x 22 iterations
-    assert wave_splits(64, 16, 396, 32768, 128) == 12
+# The cases below are launches of benchmarks/kernels_splits.py's grid on an H200 (132 SMs; docs/benchmarks/
+# kernels.md, round 13): (requests x KV heads, slots = 132 x resident programs, tokens per request, block_n).
+
+def test_batch_8_at_32k_fills_one_wave_instead_of_a_part_empty_second():
+    # octave_k3v4 d256: 8 x 4 KV heads, 3 programs per SM. 12 splits = 384 programs in one wave of 396 (measured
+    # 359 us); 16 = 512, a second wave of 116 (437 us)
+    assert wave_splits(32, 16, 396, 32768, 128) == 12
+    # int8 d128: 8 x 8 KV heads, 8 programs per SM: 16 splits still one wave (150 us; 6 splits 176 us)
+    assert wave_splits(64, 16, 1056, 32768, 64) == 16
 
 
-def test_keeps_splits_whose_length_is_whole_iterations():
-    # 15 splits of 4096 tokens = 288 tokens = 3 iterations of 128 in 10 waves; 16 splits = 2 iterations in 11
-    assert wave_splits(256, 16, 396, 4096, 128) == 16
+def test_a_tie_in_waves_x_iterations_goes_to_fewer_splits():
+    # int8 d128 at batch 32 x 4k: 4, 8 and 16 splits all cost 16 iterations a slot without the per-program cost;
+    # measured 88 / 93 / 100 us
+    assert wave_splits(256, 16, 1056, 4096, 64) == 4
+    # octave_k3v4 d128 (4 programs per SM, 128 tokens): 2 splits measured 140 us, 16 151 us
+    assert wave_splits(256, 16, 528, 4096, 128) == 2
     assert wave_splits(8, 16, 396, 32768, 128) == 16  # never a full wave: as many splits as allowed
+
+
+def test_resident_count_decides_the_waves():
+    # octave_k3v3 d128 at batch 32 x 32k, 1-warp programs: with 8 resident (the driver's count) 16 splits fill
+    # 4 waves (808 us); a count of 9 chose 9 splits, 3 waves in truth (941 us)
+    assert wave_splits(256, 16, 132 * 8, 32768, 64) == 16
+    assert wave_splits(256, 16, 132 * 9, 32768, 64) == 9
 
 
 def test_choice_is_within_five_percent_of_the_cheapest():
@@ -31,6 +46,27 @@ def test_choice_is_within_five_percent_of_the_cheapest():
                 s = wave_splits(programs, 16, slots, seq_len, 128)
                 best = min(_cost(programs, t, slots, seq_len, 128) for t in range(1, 17))
                 assert 1 <= s <= 16 and _cost(programs, s, slots, seq_len, 128) <= 1.05 * best
+
+
+def test_resident_programs_without_a_driver_count_registers_per_scheduler(monkeypatch):
+    """Where no CUDA driver answers (HIP), the formula: each of an SM's 4 schedulers owns a quarter of the
+    register file. 224 registers a thread = 7,168 a warp: 9 warps by the SM's 65,536, 2 by a quarter's 16,384."""
+    import torch
+
+    monkeypatch.setattr(torch.version, "hip", "6.0")
+    props = SimpleNamespace(regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=233472,
+                            max_threads_per_multi_processor=2048)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+
+    def kernel(n_regs, warps, shared):
+        return SimpleNamespace(_init_handles=lambda: None, n_regs=n_regs, function=0,
+                               metadata=SimpleNamespace(num_warps=warps, shared=shared))
+
+    assert resident_programs(kernel(224, 1, 8192), "cuda:0") == 8
+    assert resident_programs(kernel(224, 4, 8192), "cuda:0") == 2
+    assert resident_programs(kernel(128, 4, 41000), "cuda:0") == 4  # 4 warps a quarter; shared memory allows 5
+    assert resident_programs(kernel(64, 4, 100000), "cuda:0") == 2  # shared memory
+    assert resident_programs(kernel(32, 1, 0), "cuda:0") == 32  # at most 32 programs
 
 
 class _FakeCudaQ:
