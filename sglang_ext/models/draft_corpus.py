@@ -122,6 +122,20 @@ class NucleusGumbel:
         return out.scatter_(-1, ids.gather(-1, pick), 0.0)
 
 
+class GreedyRecorder:
+    """A logits processor, first in the list, that records the argmax of each step's raw scores (the model's
+    greedy next token after the last fed position) and passes the scores on unchanged. It spares `generate` a
+    second lm_head product over every generated position: on the 2-core development machine that product and
+    its argmax took 3.5 s of a 25 s batch (128 prompts, 64 new tokens, bf16)."""
+
+    def __init__(self):
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.steps.append(scores.argmax(-1))
+        return scores
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
              seed: int) -> list[Sequence | None]:
@@ -131,9 +145,10 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
 
     The hidden states are those the generation itself computes (a forward hook on the final norm), so no
     second pass over the text is needed; the last generated token, never fed back, is dropped. `greedy` is
-    the argmax of lm_head over them. A greedy sequence is cut where that argmax disagrees with the generated
-    token (it should not: same numbers), so every continuation token of a greedy sequence is the model's own
-    greedy choice: the acceptance simulation relies on it.
+    the argmax of lm_head over them: recorded from each step's logits (GreedyRecorder) from the last prompt
+    position on, computed for the earlier prompt positions. A greedy sequence is cut where that argmax
+    disagrees with the generated token (it should not: same numbers), so every continuation token of a greedy
+    sequence is the model's own greedy choice: the acceptance simulation relies on it.
     """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     width = max(len(p) for p in prompt_ids)
@@ -142,21 +157,23 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     for i, p in enumerate(prompt_ids):  # left padding for generation
         batch[i, width - len(p):] = torch.tensor(p)
         attention[i, width - len(p):] = 1
-    sampling = {"do_sample": False}
-    if temperature > 0:
-        from transformers import LogitsProcessorList
+    from transformers import LogitsProcessorList
 
-        sampler = NucleusGumbel(temperature, torch.Generator().manual_seed(seed))
-        sampling["logits_processor"] = LogitsProcessorList([sampler])
+    recorder = GreedyRecorder()
+    processors = [recorder]
+    if temperature > 0:
+        processors.append(NucleusGumbel(temperature, torch.Generator().manual_seed(seed)))
     captured = []  # the prefill's [B, width, H], then one [B, 1, H] per decode step
     hook = model.model.norm.register_forward_hook(lambda _module, _args, output: captured.append(output.float()))
     try:
         out = model.generate(input_ids=batch, attention_mask=attention, max_new_tokens=max_new_tokens,
-                             pad_token_id=pad, **sampling)
+                             pad_token_id=pad, do_sample=False, logits_processor=LogitsProcessorList(processors))
     finally:
         hook.remove()
     hidden = torch.cat(captured, dim=1)  # [B, width + steps - 1, H]: every token but the last generated one
-    greedy = model.lm_head(hidden.to(model.lm_head.weight.dtype)).argmax(-1)
+    prompt_greedy = model.lm_head(hidden[:, :width - 1].to(model.lm_head.weight.dtype)).argmax(-1)
+    greedy = torch.cat([prompt_greedy, torch.stack(recorder.steps, dim=1)], dim=1)  # [B, width + steps - 1]
+    assert greedy.shape == hidden.shape[:2], (greedy.shape, hidden.shape)
     sequences = []
     for i, p in enumerate(prompt_ids):
         continuation = out[i, width:].tolist()
