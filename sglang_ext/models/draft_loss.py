@@ -10,6 +10,8 @@ target's greedy tokens, so sampled corpus sequences teach what greedy verificati
 Per step: soft cross-entropy against the target's own next-token distribution, softmax(lm_head h_{t+s}) (known
 for free: lm_head is frozen and h is stored), over a token subset `vocab` (every token of the corpus) because
 the lm_head product dominates the cost; plus a relative squared error pulling the output towards h_{t+s}.
+Training passes that distribution precomputed (`top_targets`: its TOP_TARGETS most likely tokens, renormalised,
+computed once per sequence instead of once per visit); evaluation and the tests compute it in full.
 
 Training calls it with an `OutputHead` made once (the per-call gather of lm_head rows was 5 % of a step) and
 `metrics=False` (no argmax over the logits: 7 % of a step); under bf16 autocast the products run in bf16 and
@@ -50,9 +52,25 @@ class StepLosses:
     counts: list[int]  # labelled positions per step
 
 
-def collate(sequences: list[Sequence]) -> dict[str, torch.Tensor]:
+TOP_TARGETS = 32  # 98.7 % of the target's probability over the corpus vocabulary (64 sequences of SmolLM2 text)
+
+
+@torch.no_grad()
+def top_targets(hidden: torch.Tensor, head: OutputHead, k: int = TOP_TARGETS) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's next-token distribution softmax(head h) at each row of `hidden` [T, H], kept as its `k` most
+    likely tokens: (rows of `head` [T, k] int64, probabilities renormalised to sum 1 [T, k] float32). The
+    product runs in head.weight's dtype, the softmax in float32."""
+    probs = F.softmax((hidden.to(head.weight.dtype) @ head.weight.T).float(), dim=-1)
+    top, ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
+    return ids, top / top.sum(-1, keepdim=True)
+
+
+def collate(sequences: list[Sequence], targets: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+            ) -> dict[str, torch.Tensor]:
     """Right-pad a batch (right padding is harmless under a causal mask). `label_ok[b, j]`: greedy[b, j] is a
-    label to learn, i.e. j >= prompt_len - 1 (it predicts a continuation token) and j < len(sequence)."""
+    label to learn, i.e. j >= prompt_len - 1 (it predicts a continuation token) and j < len(sequence).
+    targets: `top_targets` of each sequence's hidden states (then `target_ids` / `target_probs` [B, T, k] are
+    added and unrolled_losses uses them instead of the full distribution)."""
     length = max(len(s.tokens) for s in sequences)
     hidden_size = sequences[0].hidden.shape[-1]
     tokens = torch.zeros(len(sequences), length, dtype=torch.long)
@@ -63,7 +81,14 @@ def collate(sequences: list[Sequence]) -> dict[str, torch.Tensor]:
         n = len(s.tokens)
         tokens[b, :n], greedy[b, :n], hidden[b, :n] = s.tokens, s.greedy, s.hidden.float()
         label_ok[b, max(s.prompt_len - 1, 0):n] = True
-    return {"tokens": tokens, "greedy": greedy, "hidden": hidden, "label_ok": label_ok}
+    batch = {"tokens": tokens, "greedy": greedy, "hidden": hidden, "label_ok": label_ok}
+    if targets is not None:
+        k = targets[0][0].shape[-1]
+        batch["target_ids"] = torch.zeros(len(sequences), length, k, dtype=torch.long)
+        batch["target_probs"] = torch.zeros(len(sequences), length, k)
+        for b, (ids, probs) in enumerate(targets):
+            batch["target_ids"][b, :len(ids)], batch["target_probs"][b, :len(ids)] = ids, probs
+    return batch
 
 
 def unrolled_losses(mtp: MtpLayer, embed: torch.Tensor, lm_head, batch: dict, steps: int,
@@ -72,7 +97,9 @@ def unrolled_losses(mtp: MtpLayer, embed: torch.Tensor, lm_head, batch: dict, st
 
     embed: [V, H], lm_head: [V, H] or an OutputHead (then `vocab` is ignored); both frozen. vocab: [V'] sorted
     token ids the logits are restricted to (None: all); labels outside it are dropped from the hard
-    cross-entropy and the match counts. metrics=False skips the match counts (prefix_match is NaN).
+    cross-entropy and the match counts. metrics=False skips the match counts (prefix_match is NaN). With
+    `target_ids` / `target_probs` in `batch` (collate with targets, rows of the head passed) the soft
+    cross-entropy is against those instead of the full softmax(head h).
     """
     tokens, greedy, hidden, label_ok = batch["tokens"], batch["greedy"], batch["hidden"], batch["label_ok"]
     bsz, length = tokens.shape
@@ -98,10 +125,14 @@ def unrolled_losses(mtp: MtpLayer, embed: torch.Tensor, lm_head, batch: dict, st
             labels = remap[labels]
         o, h, y = out[valid], ideal[valid], labels[valid]
         logits = (o @ head.T).float()
-        with torch.no_grad():
-            target = F.softmax((h @ head.T).float(), dim=-1)
         logp = F.log_softmax(logits, dim=-1)
-        soft.append(-(target * logp).sum(-1).mean())
+        if "target_ids" in batch:
+            ids, probs = (_shifted(batch[key], s, n)[valid] for key in ("target_ids", "target_probs"))
+            soft.append(-(probs * logp.gather(-1, ids)).sum(-1).mean())
+        else:
+            with torch.no_grad():
+                target = F.softmax((h @ head.T).float(), dim=-1)
+            soft.append(-(target * logp).sum(-1).mean())
         known = y >= 0
         hard.append(-logp.detach()[known, y[known]].mean() if known.any() else torch.tensor(0.0))
         o32 = o.float()
@@ -126,9 +157,16 @@ def unrolled_losses(mtp: MtpLayer, embed: torch.Tensor, lm_head, batch: dict, st
     return StepLosses(torch.stack(soft), torch.stack(hard), torch.stack(herr), torch.stack(match), counts)
 
 
+def _shifted(x: torch.Tensor, s: int, n: int) -> torch.Tensor:
+    """x[:, s:s + n] zero-padded to n positions: the value of position t + s at start position t."""
+    out = torch.zeros((x.shape[0], n) + x.shape[2:], dtype=x.dtype)
+    out[:, :max(x.shape[1] - s, 0)] = x[:, s:s + n]
+    return out
+
+
 def corpus_vocab(sequences: list[Sequence]) -> torch.Tensor:
     """Sorted ids of every token and greedy label in `sequences`."""
     return torch.unique(torch.cat([torch.cat([s.tokens, s.greedy]) for s in sequences]))
 
 
-__all__ = ["OutputHead", "StepLosses", "collate", "corpus_vocab", "unrolled_losses"]
+__all__ = ["TOP_TARGETS", "OutputHead", "StepLosses", "collate", "corpus_vocab", "top_targets", "unrolled_losses"]

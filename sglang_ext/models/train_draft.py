@@ -27,7 +27,7 @@ from sglang_ext.env import ext_home
 from sglang_ext.models.builtin import DEFAULT_MODEL_NAME, ModelPrepareError, default_model_dir
 from sglang_ext.models.draft_acceptance import measure
 from sglang_ext.models.draft_corpus import HELDOUT_TOPICS, Sequence, generate, prompts, train_prompts
-from sglang_ext.models.draft_loss import OutputHead, collate, corpus_vocab, unrolled_losses
+from sglang_ext.models.draft_loss import OutputHead, collate, corpus_vocab, top_targets, unrolled_losses
 from sglang_ext.models.mtp_checkpoint import (
     fixed_seed_mtp_weights,
     load_config,
@@ -61,6 +61,9 @@ class DraftTrainConfig:
     corpus_share: float = 0.45  # of the budget, held-out generation included; at least one batch is generated
     train_end_share: float = 0.93  # training stops here; the rest is the acceptance measurement and the writer
     batch_sequences: int = 4  # small batches, more updates: measured better than 8 and 16 in the same time
+    # Batches are cut from windows of this many shuffled sequences sorted by length (less right padding: see
+    # batch_order); 1 = no sorting.
+    length_bucket_batches: int = 16
     lr: float = 2e-3
     weight_decay: float = 0.05
     warmup_steps: int = 10
@@ -90,6 +93,8 @@ class DraftTrainConfig:
             raise ValueError(f"step_weights needs one weight per draft step ({self.draft_steps})")
         if not 0 <= self.single_step_share <= 1:
             raise ValueError("single_step_share must be in [0, 1]")
+        if self.length_bucket_batches < 1:
+            raise ValueError("length_bucket_batches must be at least 1")
         if not 0 <= self.validation_share < 1:
             raise ValueError("validation_share must be in [0, 1)")
         if self.corpus_attention not in ("eager", "sdpa"):
@@ -231,6 +236,19 @@ def corpus_batch(batch_index: int, pool_size: int, config: DraftTrainConfig) -> 
     return indices, config.sample_temperature if batch_index % 2 or not first_pass else 0.0
 
 
+def batch_order(lengths: list[int], batch: int, window_batches: int, rng: random.Random) -> list[list[int]]:
+    """One epoch of batches of indices into `lengths`: shuffled, then each window of `window_batches` batches
+    sorted by length and cut into batches, the batches shuffled again. Every index appears once."""
+    order = rng.sample(range(len(lengths)), len(lengths))
+    window = batch * window_batches
+    batches = []
+    for i in range(0, len(order), window):
+        chunk = sorted(order[i:i + window], key=lambda j: lengths[j])
+        batches += [chunk[j:j + batch] for j in range(0, len(chunk), batch)]
+    rng.shuffle(batches)
+    return batches
+
+
 @dataclass
 class FitResult:
     steps: int
@@ -267,7 +285,9 @@ def fit_layer(mtp: MtpLayer, embed, lm_head, train: list[Sequence], validation: 
     weights = torch.tensor(config.step_weights)
     start = time.monotonic()
     total = max(deadline - start, 1e-9)
-    order: list[int] = []
+    batches: list[list[int]] = []
+    lengths = [len(s.tokens) for s in train]
+    targets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # top_targets per training sequence, on first use
     losses, history = [], []
     best = (-1.0, 0, None)
     next_eval = 1
@@ -293,10 +313,13 @@ def fit_layer(mtp: MtpLayer, embed, lm_head, train: list[Sequence], validation: 
     while time.monotonic() < deadline or step == 0:
         if config.max_train_steps is not None and step >= config.max_train_steps:
             break
-        if len(order) < config.batch_sequences:
-            order += rng.sample(range(len(train)), len(train))
-        batch = collate([train[i] for i in order[:config.batch_sequences]])
-        del order[:config.batch_sequences]
+        if not batches:
+            batches = batch_order(lengths, config.batch_sequences, config.length_bucket_batches, rng)
+        picked = batches.pop()
+        for i in picked:
+            if i not in targets:
+                targets[i] = top_targets(train[i].hidden, train_head)
+        batch = collate([train[i] for i in picked], [targets[i] for i in picked])
         progress = progress_now()
         lr = config.lr * min(1.0, (step + 1) / config.warmup_steps) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
         for group in optimizer.param_groups:

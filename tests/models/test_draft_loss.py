@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_ext.models.draft_corpus import Sequence
-from sglang_ext.models.draft_loss import collate, corpus_vocab, unrolled_losses
+from sglang_ext.models.draft_loss import OutputHead, collate, corpus_vocab, top_targets, unrolled_losses
 from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights
 from sglang_ext.models.mtp_layer import MtpLayer
 from tiny_llama import TINY_CONFIG, write_tiny_llama
@@ -87,3 +87,36 @@ def test_collate_marks_continuation_labels():
     batch = collate(seqs)
     assert batch["label_ok"].tolist() == [[False, False, True, True, True, True],
                                           [True, True, True, True, False, False]]
+
+
+def test_precomputed_top_targets_give_the_soft_cross_entropy_they_keep(tmp_path):
+    mtp, embed, head, seqs = _setup(tmp_path)
+    with torch.no_grad():
+        full = unrolled_losses(mtp, embed, head, collate(seqs), 3)
+        every = [top_targets(s.hidden, OutputHead.of(head), k=V) for s in seqs]
+        assert all(torch.allclose(p.sum(-1), torch.ones(len(p))) for _, p in every)
+        kept_all = unrolled_losses(mtp, embed, head, collate(seqs, every), 3)
+        few = [top_targets(s.hidden, OutputHead.of(head), k=3) for s in seqs]
+        kept_few = unrolled_losses(mtp, embed, head, collate(seqs, few), 3)
+    torch.testing.assert_close(kept_all.soft_ce, full.soft_ce, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kept_all.hard_ce, full.hard_ce)
+    # three tokens: the soft CE of step s is against the top 3 of softmax(head h) at position t + s, renormalised
+    seq, s = seqs[1], 2
+    with torch.no_grad():
+        one = unrolled_losses(mtp, embed, head, collate([seq], [few[1]]), s)
+    logp_all = []
+    for start in range(len(seq.tokens) - 1):
+        if start + s > len(seq.tokens) - 1 or start + s < seq.prompt_len - 1:
+            continue
+        hidden, tokens = seq.hidden[: start + 1], seq.tokens[1: start + 2]
+        with torch.no_grad():
+            out, _ = mtp(hidden[None], embed[tokens][None], torch.arange(len(tokens))[None])
+            hidden = torch.cat([hidden, out[0, -1:]])
+            tokens = torch.cat([tokens, seq.tokens[start + 2: start + 3]])
+            out, _ = mtp(hidden[None], embed[tokens][None], torch.arange(len(tokens))[None])
+        probs = F.softmax(head @ seq.hidden[start + s], -1)
+        top, ids = probs.topk(3)
+        logp = F.log_softmax(head @ out[0, -1], -1)
+        logp_all.append(-(top / top.sum() * logp[ids]).sum())
+    assert len(logp_all) >= 3
+    torch.testing.assert_close(one.soft_ce[-1], torch.stack(logp_all).mean(), rtol=1e-4, atol=1e-4)

@@ -11,7 +11,7 @@ import torch
 from sglang_ext.models.__main__ import main
 from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_mtp_weights
 from sglang_ext.models.draft_corpus import generate
-from sglang_ext.models.train_draft import DraftTrainConfig, corpus_batch, load_base, train_draft
+from sglang_ext.models.train_draft import DraftTrainConfig, batch_order, corpus_batch, load_base, train_draft
 
 
 def test_tiny_training_run_lowers_the_loss_and_writes_a_measured_checkpoint(model_dir, tmp_path):
@@ -93,3 +93,17 @@ def test_nucleus_gumbel_samples_top_p_at_the_temperature():
     assert (freq - expected).abs().max() < 4 * (expected * (1 - expected) / rows).sqrt().max()
     again = NucleusGumbel(0.8, torch.Generator().manual_seed(0), top_p=0.9)(None, scores.expand(rows, -1).clone())
     assert torch.equal(again.argmax(-1), picks)  # the seed decides
+
+
+def test_batch_order_covers_every_sequence_once_with_less_padding():
+    import random
+
+    lengths = [random.Random(i).randint(20, 200) for i in range(203)]
+    padded = lambda batches: sum(max(lengths[i] for i in b) * len(b) for b in batches)  # noqa: E731
+    plain = batch_order(lengths, 4, 1, random.Random(0))
+    sorted_ = batch_order(lengths, 4, 16, random.Random(0))
+    for batches in (plain, sorted_):
+        assert sorted(i for b in batches for i in b) == list(range(203))
+        assert all(1 <= len(b) <= 4 for b in batches) and sum(len(b) < 4 for b in batches) <= 4
+    assert padded(sorted_) < 0.9 * padded(plain), (padded(sorted_), padded(plain), sum(lengths))
+    assert batch_order(lengths, 4, 16, random.Random(0)) == sorted_  # seeded
