@@ -3,11 +3,15 @@
     python benchmarks/draft_variants.py corpus --seconds 720 --out /tmp/draft_corpus.pt
     python benchmarks/draft_variants.py train --corpus /tmp/draft_corpus.pt --name J --seconds 600 --threads 1 \\
         --set lr=2e-3 single_step_share=0.75 [--tokens N]
+    python benchmarks/draft_variants.py heldout --prompts 80 --cache /tmp/heldout80.pt DIR [DIR ...]
 
 `corpus` generates as train-draft does (the 16 held-out prompts with the first batch, then batches of 48 training
 prompts, greedy and T=0.8 alternating) until the time is up, saving after every batch. `train` runs `fit_layer`
 with DraftTrainConfig overrides for a fixed time, measures the held-out acceptance with the weights rounded to
-bf16 (as the checkpoint stores them), and prints one JSON line (the load average included).
+bf16 (as the checkpoint stores them), and prints one JSON line (the load average included). `heldout` measures
+written checkpoints on more held-out prompts than train-draft's 16: the first `--prompts` of the held-out topics
+in train-draft's seed-0 order (so its first 16 are train-draft's own set), continued greedily in float32 (saved to
+`--cache` and reused), one JSON line per checkpoint with the accept length on the first 16, the rest and all.
 """
 
 import argparse
@@ -23,7 +27,7 @@ from sglang_ext.models.builtin import default_model_dir
 from sglang_ext.models.draft_acceptance import measure
 from sglang_ext.models.draft_corpus import HELDOUT_TOPICS, generate, prompts, train_prompts
 from sglang_ext.models.draft_loss import corpus_vocab
-from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_config
+from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_config, load_mtp_weights
 from sglang_ext.models.mtp_layer import MtpLayer
 from sglang_ext.models.train_draft import DraftTrainConfig, fit_layer, load_base
 
@@ -85,6 +89,33 @@ def train(args):
                       "validation": fit.validation, "load": os.getloadavg()}), flush=True)
 
 
+def heldout(args):
+    torch.set_num_threads(args.threads)
+    base = default_model_dir()
+    model, tokenizer = load_base(base)
+    embed, lm_head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
+    if args.cache and os.path.exists(args.cache):
+        held = torch.load(args.cache, weights_only=False)
+        assert len(held) == args.prompts, f"{args.cache} holds {len(held)} continuations, not {args.prompts}"
+    else:
+        held_prompts = prompts(HELDOUT_TOPICS, tokenizer, args.prompts, 0)
+        held = []
+        for i in range(0, len(held_prompts), 16):  # train-draft's held-out batch size
+            held += generate(model, tokenizer, held_prompts[i:i + 16], 128, 0.0, seed=0)
+        if args.cache:
+            torch.save(held, args.cache)
+    del model
+    for path in args.dirs:
+        mtp = MtpLayer(load_config(base))
+        mtp.load_state_dict(load_mtp_weights(path))
+        row = {"checkpoint": path}
+        for name, part in (("first16", held[:16]), ("rest", held[16:]), ("all", held)):
+            r = measure(mtp.eval(), embed, lm_head, [s for s in part if s is not None], 3)
+            row[name] = {"accept": round(r.mean_accept_length, 4), "rounds": r.rounds,
+                         "match": [round(m, 4) for m in r.per_step_match]}
+        print(json.dumps(row), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,8 +129,13 @@ def main():
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--tokens", type=int, default=0, help="only the first corpus sequences, up to this many tokens")
     t.add_argument("--set", nargs="*", default=[], help="DraftTrainConfig overrides, key=python-literal")
+    h = sub.add_parser("heldout")
+    h.add_argument("dirs", nargs="+", help="MTP checkpoint folders (train-draft --out)")
+    h.add_argument("--prompts", type=int, default=80)
+    h.add_argument("--cache", default="", help="file for the held-out continuations (made once, then reused)")
+    h.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    make_corpus(args) if args.command == "corpus" else train(args)
+    {"corpus": make_corpus, "train": train, "heldout": heldout}[args.command](args)
 
 
 if __name__ == "__main__":

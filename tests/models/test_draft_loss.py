@@ -100,6 +100,7 @@ def test_precomputed_top_targets_give_the_soft_cross_entropy_they_keep(tmp_path)
         kept_few = unrolled_losses(mtp, embed, head, collate(seqs, few), 3)
     torch.testing.assert_close(kept_all.soft_ce, full.soft_ce, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(kept_all.hard_ce, full.hard_ce)
+    assert torch.isfinite(kept_few.soft_ce).all() and not torch.allclose(kept_few.soft_ce, full.soft_ce)
     # three tokens: the soft CE of step s is against the top 3 of softmax(head h) at position t + s, renormalised
     seq, s = seqs[1], 2
     with torch.no_grad():
