@@ -10,8 +10,9 @@ again with sampling and new seeds), training
 NEXTN shares them with the target. Training first fits draft step 1 alone (`single_step_share` of the training
 time: a third of the cost per update, and the measured short runs were short of updates), then unrolls
 the draft chain (`draft_loss`: steps 2.. get the layer's own output as their hidden input, as at serving time);
-it learns the target's distribution and keeps the state with the best chain match on a validation split of the
-corpus (early stopping against memorising a small corpus).
+it learns the target's distribution (its TOP_TARGETS most likely tokens, computed once per sequence; batches
+cut from length-sorted windows, see batch_order) and keeps the state with the best chain match on a validation
+split of the corpus (early stopping against memorising a small corpus).
 """
 
 import json
