@@ -99,7 +99,7 @@ def test_batch_order_covers_every_sequence_once_with_less_padding():
     import random
 
     lengths = [random.Random(i).randint(20, 200) for i in range(203)]
-    padded = lambda batches: sum(max(lengths[i] for i in b) * len(b) for b in batches)  # noqa: E731
+    padded = lambda batches: sum(max(lengths[i] for i in b) * len(b) for b in batches)
     plain = batch_order(lengths, 4, 1, random.Random(0))
     sorted_ = batch_order(lengths, 4, 16, random.Random(0))
     for batches in (plain, sorted_):
