@@ -494,9 +494,9 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
         num_kv_splits = split_counts(batch, splits, dev)
     assert num_kv_splits.shape[0] >= batch, num_kv_splits.shape
     _decode_stage1[(batch, h_kv, grid_splits)](*args[:7], num_kv_splits, *args[8:], **consts)
+    out = torch.empty(q.shape, dtype=torch.float32, device=dev) if fmt.rotated else o
     # stage 2 merges a tile of grid_splits partials (the count stage 1 ran, when wave_splits chose it), not of
     # max_kv_splits
-    out = torch.empty(q.shape, dtype=torch.float32, device=dev) if fmt.rotated else o
     _decode_stage2[(rows, hq)](
         mid_o, mid_lse, out, kv_indptr, num_kv_splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),

@@ -62,8 +62,8 @@ class DraftTrainConfig:
     corpus_share: float = 0.45  # of the budget, held-out generation included; at least one batch is generated
     train_end_share: float = 0.93  # training stops here; the rest is the acceptance measurement and the writer
     batch_sequences: int = 4  # small batches, more updates: measured better than 8 and 16 in the same time
-    # Batches are cut from windows of this many shuffled sequences sorted by length (less right padding: see
-    # batch_order); 1 = no sorting.
+    # Batches are cut from windows of this many batches' worth of shuffled sequences, each window sorted by
+    # length (less right padding: see batch_order); 1 = no sorting.
     length_bucket_batches: int = 16
     lr: float = 2e-3
     weight_decay: float = 0.05
