@@ -229,7 +229,8 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
 @triton.jit
 def _decode_stage2(mid_o, mid_lse, out_ptr, kv_indptr, num_kv_splits,
                    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
-                   D: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_BLOCK: tl.constexpr, Q_LEN: tl.constexpr = 1):
+                   D: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_BLOCK: tl.constexpr, Q_LEN: tl.constexpr = 1,
+                   SPLIT_MUL: tl.constexpr = 1):
     # Every split's partial output loaded at once as one [splits, D] tile and merged by its log-sum-exp weight:
     # no chain of dependent loads (a loop over the splits was latency-bound: 6-7 us for batch 8 x 64 heads x
     # 16 splits on an H200, 13 us with 32 splits).
@@ -239,7 +240,7 @@ def _decode_stage2(mid_o, mid_lse, out_ptr, kv_indptr, num_kv_splits,
     offs_s = tl.arange(0, triton.next_power_of_2(MAX_SPLITS))
     req = batch // Q_LEN
     seq_len = tl.load(kv_indptr + req + 1) - tl.load(kv_indptr + req)
-    splits = tl.load(num_kv_splits + req)
+    splits = tl.load(num_kv_splits + req) * SPLIT_MUL  # stage 1 ran num_kv_splits x SPLIT_MUL splits
     per_split = tl.cdiv(tl.cdiv(seq_len, splits), MIN_BLOCK) * MIN_BLOCK
     s0 = per_split * offs_s
     use = (tl.minimum(s0 + per_split, seq_len) > s0)  # the splits stage 1 ran
@@ -406,7 +407,7 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
                      dot_bf16: bool | None = None, num_warps: int | None = None, num_stages: int | None = None,
                      lut: int | None = None, int8_f16: int | None = None, fill_waves: bool = True,
                      maxnreg: int | None = None, q_len: int = 1, new_slots: torch.Tensor | None = None,
-                     min_rows: int | None = None, kv_a: bool | None = None) -> torch.Tensor:
+                     min_rows: int | None = None, kv_a: bool | None = None, stage1: str | None = None) -> torch.Tensor:
     """q [B, Hq, D] (float), o [B, Hq, D] (written, every element); kv_indptr [>= B+1], kv_indices int32/int64.
     q_len > 1 (chain speculative verify): q / o hold q_len tokens per request ([B * q_len, Hq, D], request b's
     at rows b * q_len..); kv_indptr / kv_indices list each request's prefix only; the new tokens, already
@@ -425,7 +426,12 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     entry's, else Triton's default); maxnreg: registers per thread at most (None: default_maxnreg's cap, or
     ptxas's choice; 0: ptxas's choice);
     lut: octave level decode (LUT_SELECT / LUT_PTX / LUT_PTX_CODES; None: level_decode's choice). int8_f16: int8
-    codes to fp16 dot operands in PTX (I8_F16_BOTH / I8_F16_V / I8_FLOAT32; None: int8_f16_dots' choice). Returns o."""
+    codes to fp16 dot operands in PTX (I8_F16_BOTH / I8_F16_V / I8_FLOAT32; None: int8_f16_dots' choice).
+    stage1: "triton" (_decode_stage1), "mma" (decode_mma's Gluon kernel: octave_k3v4 at head_dim 128, or 256 with
+    rotary_dim 64; block_n applies to it, default MMA_BLOCK_N; the other launch arguments do not) or None:
+    decode_mma.default_for's
+    choice, unless dot_bf16=False or one of the Triton kernel's launch arguments (kv_a, min_rows, num_warps,
+    num_stages, lut, int8_f16, maxnreg) is given. Returns o."""
     check_planes(fmt, planes)
     rows, hq, d = q.shape
     assert q_len >= 1 and rows % q_len == 0, (rows, q_len)
@@ -448,6 +454,20 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     kind, k_n4, v_n4 = layout(fmt)
     group = hq // h_kv
     assert q_len == 1 or group * q_len <= MAX_VERIFY_ROWS, (group, q_len)
+    if stage1 not in (None, "triton", "mma"):
+        raise ValueError(f"stage1 must be 'triton', 'mma' or None, got {stage1!r}")
+    # the default may take decode_mma only when no argument of the Triton kernel's launch was asked for
+    triton_knobs = (kv_a, min_rows, num_warps, num_stages, lut, int8_f16, maxnreg)
+    if stage1 == "mma" or (stage1 is None and q.is_cuda and hasattr(_decode_stage1, "warmup")
+                           and dot_bf16 is not False and all(k is None for k in triton_knobs)):
+        from . import decode_mma  # Gluon: imported only where it can run
+
+        why = decode_mma.supported(fmt, group, q_len, q)
+        if stage1 == "mma" and why is not None:
+            raise ValueError(f"stage1='mma': {why}")
+        if stage1 == "mma" or decode_mma.default_for(fmt, group, q_len, q):
+            return _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, num_kv_splits,
+                               max_kv_splits, block_n or MMA_BLOCK_N[d], fill_waves, batch, h_kv, group)
     launch = default_launch(fmt, group, q_len, q, batch * h_kv * max_kv_splits)
     block_n = block_n or launch.get("block_n") or default_block_n(kind, d)
     num_warps = num_warps or launch.get("num_warps", 4)
@@ -494,13 +514,84 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
         num_kv_splits = split_counts(batch, splits, dev)
     assert num_kv_splits.shape[0] >= batch, num_kv_splits.shape
     _decode_stage1[(batch, h_kv, grid_splits)](*args[:7], num_kv_splits, *args[8:], **consts)
-    out = torch.empty(q.shape, dtype=torch.float32, device=dev) if fmt.rotated else o
     # stage 2 merges a tile of grid_splits partials (the count stage 1 ran, when wave_splits chose it), not of
     # max_kv_splits
+    return _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits, q_len)
+
+
+def _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits: int, q_len: int = 1,
+           split_mul: int = 1) -> torch.Tensor:
+    """Stage 2 (and the octave un-rotation) into o."""
+    rows, hq, d = o.shape
+    out = torch.empty(o.shape, dtype=torch.float32, device=o.device) if fmt.rotated else o
     _decode_stage2[(rows, hq)](
         mid_o, mid_lse, out, kv_indptr, num_kv_splits, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),
-        D=d, MAX_SPLITS=grid_splits, MIN_BLOCK=MIN_BLOCK_KV, Q_LEN=q_len)
+        D=d, MAX_SPLITS=grid_splits, MIN_BLOCK=MIN_BLOCK_KV, Q_LEN=q_len, SPLIT_MUL=split_mul)
     if fmt.rotated:
         rotate_rows(out, o, rotation.V_TENSOR, True)
     return o
+
+
+# Tokens per loop iteration of decode_mma's kernel by head_dim, at batch 8 x 32k on an H200 (docs/benchmarks/
+# kernels.md, round 15): d128 32 took 166 us, 16 took 243 and 64 took 175; d256 32 took 171, 16 took 166 (and at
+# batch 1 x 128k 116 against 123).
+MMA_BLOCK_N = {128: 32, 256: 32}
+# Split counts of the mma kernel (one-warp programs, latency-bound: more resident warps per SM run faster) when the
+# launcher chooses, all measured on an H200 (docs/benchmarks/kernels.md, round 15):
+# - long requests fill every resident program slot: batch 1 x 128k took 419 us with 16 splits, 128 with 64, 95-100
+#   with 128;
+# - short ones aim at MMA_SHORT_PROGRAMS_PER_SM programs per SM, since stage 2's merge and each program's fixed
+#   cost grow with the count: batch 1 x 4k took 32 us with 16 splits, 28 with 32 or 64, 33 with 128 (the Triton
+#   kernel 27); batch 8 x 4k 45 with 16, 53 with 32, 66 with 64;
+# - at least MMA_MIN_SPLIT_TOKENS tokens a split, at most MMA_MAX_SPLITS splits.
+MMA_MAX_SPLITS = 128
+MMA_MIN_SPLIT_TOKENS = 64
+MMA_LONG_CONTEXT = 16384
+MMA_SHORT_PROGRAMS_PER_SM = 4
+
+
+def mma_max_splits(batch: int, h_kv: int, seq_len: int, slots: int, sms: int, max_kv_splits: int) -> int:
+    """The most splits decode_mma's launch may take for requests of about seq_len tokens (wave_splits then
+    chooses up to it): see MMA_MAX_SPLITS and the rules above it."""
+    target = slots if seq_len >= MMA_LONG_CONTEXT else MMA_SHORT_PROGRAMS_PER_SM * sms
+    want = max(max_kv_splits, -(-target // (batch * h_kv)))
+    return max(1, min(MMA_MAX_SPLITS, want, seq_len // MMA_MIN_SPLIT_TOKENS))
+
+
+def _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, num_kv_splits, max_kv_splits: int,
+                block_n: int, fill_waves: bool, batch: int, h_kv: int, group: int) -> torch.Tensor:
+    """decode_attention through decode_mma's stage 1. Split counts: with num_kv_splits given (SGLang's backend
+    passes its own, at most max_kv_splits), each request's count times split_mul, the smallest multiplier whose
+    grid fills the GPU's resident one-warp programs; without, wave_splits' choice up to mma_max_splits."""
+    dev = q.device
+    q_in = rotate_rows(q, torch.empty(q.shape, dtype=torch.float32, device=dev), rotation.K_TENSOR, False)
+    kc, ks, vc, vs = attention_planes(fmt, planes)
+    key = ("mma", dev.index, q.shape[-1], kc.dtype, kv_indices.dtype, group, block_n)
+    if key not in _RESIDENT:
+        ph = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
+        one = torch.ones(1, dtype=torch.int32, device=dev)
+        kernel = decode_mma.launch_stage1(None, q_in, kc, ks, vc, vs, kv_indptr, kv_indices, one, ph, ph[0], sm_scale,
+                                          group, block_n, MIN_BLOCK_KV, warmup=True)
+        _RESIDENT[key] = resident_programs(kernel, dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    slots = sms * _RESIDENT[key]
+    split_mul = 1
+    if num_kv_splits is None:
+        splits = max_kv_splits
+        if fill_waves:
+            seq_len = max(1, kv_indices.shape[0] // batch)  # mean length, known on the host without a sync
+            most = mma_max_splits(batch, h_kv, seq_len, slots, sms, max_kv_splits)
+            splits = wave_splits(batch * h_kv, most, slots, seq_len, block_n)
+        num_kv_splits = split_counts(batch, splits, dev)
+        grid_splits = splits
+    else:
+        assert num_kv_splits.shape[0] >= batch, num_kv_splits.shape
+        split_mul = max(1, min(MMA_MAX_SPLITS // max_kv_splits, -(-slots // (batch * h_kv * max_kv_splits))))
+        grid_splits = max_kv_splits * split_mul
+    rows, hq, d = q.shape
+    mid_o = torch.empty(rows, hq, grid_splits, d, dtype=torch.float32, device=dev)
+    mid_lse = torch.empty(rows, hq, grid_splits, dtype=torch.float32, device=dev)
+    decode_mma.launch_stage1((batch, h_kv, grid_splits), q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits,
+                             mid_o, mid_lse, sm_scale, group, block_n, MIN_BLOCK_KV, split_mul=split_mul)
+    return _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits, split_mul=split_mul)

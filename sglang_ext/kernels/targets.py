@@ -108,6 +108,7 @@ def _variants():
                 out.append((f"dequant rotated {tag}", dequant._dequant_kernel, {
                     **dq, "loc_ptr": "*i64", "limit_ptr": pi32, "out_ptr": pb16,
                     "BLOCK_N": C(dequant.ROTATED_BLOCK_N), "LUT": C(ptx), "LIMIT_FROM_PTR": C(True)}, {}))
+    out.extend(_mma_variants())
     out.extend(_spec_variants())
     out.extend(_host_transfer_variants())
     out.append(("decode_stage2 d256", decode._decode_stage2, {
@@ -115,6 +116,25 @@ def _variants():
         "stride_mo_h": i32, "stride_mo_s": i32, "stride_ml_b": i32, "stride_ml_h": i32, "stride_o_b": i32, "stride_o_h": i32,
         "D": C(256), "MAX_SPLITS": C(16), "MIN_BLOCK": C(32), "Q_LEN": C(1)}, {}))
     return out
+
+
+def _mma_variants():
+    """decode_mma's Gluon stage 1 (octave_k3v4 at head_dim 128), NVIDIA targets only: mma.sync and movmatrix have
+    no RDNA3 counterpart, and there decode runs decode._decode_stage1."""
+    from . import decode, decode_mma
+
+    i32 = "i32"
+    strides = {s: i32 for s in ("stride_kc_slot", "stride_kc_head", "stride_ks_slot", "stride_ks_head",
+                                "stride_vc_slot", "stride_vc_head", "stride_vs_slot", "stride_vs_head", "stride_q_b",
+                                "stride_q_h", "stride_mo_b", "stride_mo_h", "stride_mo_s", "stride_ml_b", "stride_ml_h")}
+    return [(f"decode_stage1_mma octave_k3v4 d{d} n{n}", decode_mma._decode_stage1_mma, dict(
+        q_ptr="*fp32", k_codes="*u8", k_scales="*fp16", v_codes="*u8", v_scales="*fp16", kv_indptr="*i32",
+        kv_indices="*i64", num_kv_splits="*i32", mid_o="*fp32", mid_lse="*fp32", sm_scale="fp32", lut_ptr="*i32",
+        **strides, GROUP=C(8), BLOCK_N=C(n), MIN_BLOCK=C(decode.MIN_BLOCK_KV), WIDE=C(False), D256=C(d == 256),
+        SPLIT_MUL=C(1)), {"num_warps": 1, BACKENDS: ("cuda",)}) for d in (128, 256) for n in (16, 32)]
+
+
+BACKENDS = "_backends"  # a variant's options key: the backends it is built for (others are listed as skipped)
 
 
 def _host_transfer_variants():
@@ -169,8 +189,11 @@ def compile_one(fn, spec: dict, target, options: dict | None = None, target_name
     import triton
     from triton.compiler import ASTSource
 
-    options = {k: (v.values.get(target_name) if isinstance(v, PerTarget) else v) for k, v in (options or {}).items()}
+    options = {k: (v.values.get(target_name) if isinstance(v, PerTarget) else v) for k, v in (options or {}).items()
+               if k != BACKENDS}
     options = {k: v for k, v in options.items() if v is not None}
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     missing = set(fn.arg_names) - set(spec)
     assert not missing, f"{fn.__name__}: no type for {sorted(missing)}"
     signature = {a: ("constexpr" if isinstance(spec[a], C) else spec[a]) for a in fn.arg_names}
@@ -197,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for tname in targets:
             t0 = time.time()
+            if TARGETS[tname][0] not in options.get(BACKENDS, (TARGETS[tname][0],)):
+                if not args.json:
+                    print(f"{label:<32} {tname:<12} skipped (built for {', '.join(options[BACKENDS])} only)")
+                continue
             try:
                 compile_one(fn, spec, GPUTarget(*TARGETS[tname]), options, tname)
                 status = "ok"

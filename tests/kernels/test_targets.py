@@ -18,6 +18,15 @@ def test_targets_command_compiles_for_all_four_targets():
     assert "12 compiled, 0 failed" in out.stdout
 
 
+def test_targets_command_builds_the_gluon_decode_for_nvidia_only():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-m", "sglang_ext.kernels.targets", "--only", "decode_stage1_mma"],
+                         env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "12 compiled, 0 failed" in out.stdout, out.stdout
+    assert "hip:gfx1100  skipped (built for cuda only)" in out.stdout, out.stdout
+
+
 def test_targets_command_refuses_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run([sys.executable, "-m", "sglang_ext.kernels.targets", "--only", "nothing"], env=env,

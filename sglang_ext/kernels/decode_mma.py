@@ -1,0 +1,557 @@
+"""Octave decode stage 1 in Gluon: 4-bit levels looked up straight into the tensor cores' operand registers.
+
+Why a second stage-1 kernel: the Triton one (decode._decode_stage1) decodes each K/V tile into a blocked layout,
+and Triton moves the levels into the dots' operand layout through shared memory. On an H200 that loop issued
+about 6.6 instructions per K/V element and stalled on the round trips (docs/benchmarks/kernels.md, rounds 10-12).
+Here every layout is chosen (Gluon). Each lane loads exactly the packed words whose levels it holds in its
+`mma.sync` fragments, and a PTX byte-permute lookup writes the bf16 pairs the fragments are made of. No shared
+memory, one warp per program.
+
+The dots, per 64-dim block of the head (m16n8k16, bf16 operands, float32 accumulators):
+- scores S^T = K q^T: tokens as M, the GQA group's q heads as N = 8 (no padded rows).
+- outputs O^T = V^T P^T: head dims as M.
+- P^T goes from the scores' accumulator to the right operand of the second dot by one `movmatrix` (an 8 x 8
+  transpose across the warp) per 8 tokens (_transpose_p).
+
+Two freedoms make every load contiguous without changing the pool format:
+- K: a dot's contraction may run over the head dims in any order, as long as q uses the same one. Lane t of a K
+  fragment owns k = 32 c1 + 16 c0 + 8 h + 2 t + e (e, h, c0, c1 in registers). Mapping k to the block dim
+  16 t + 8 c1 + 4 c0 + 2 h + e gives lane t 16 consecutive dims: one 64-bit load per token and block.
+- V: the output's rows may come in any order, as long as the store puts them back. Lane g of a V^T fragment owns
+  rows m = 8 j + g. Mapping m to the dim 8 g + j gives lane g one 32-bit word (8 dims) per token and block.
+  The contraction over tokens pairs tokens 2t, 2t + 1 in one register, so the V lookup (PTX_4BIT_2TOK) reads
+  both tokens' words and interleaves their levels.
+
+The lookups run on the integer ALU pipe (half rate on sm_80 and sm_90), which bounds the loop: shifts are
+written as mul.hi so that ptxas issues them on the FMA pipe (_prep, _upper), and the tables are held per lane
+(_load_lut). Softmax denominators stay per (token row, head) until the end.
+
+Scope (built and measured): octave formats whose K and V blocks are all 4-bit at head_dim 128 (octave_k3v4 with
+full RoPE), GQA groups of at most 8 q heads, one query token (q_len 1), NVIDIA GPUs with mma.sync and movmatrix
+(sm_80 and later; measured on an H200 only). Output: the partial outputs and log-sum-exps of
+decode._decode_stage1, merged by its stage 2.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from . import levels_ptx as _levels_ptx
+from .levels_ptx import _tables
+
+# The lookup constants, as asm operands: loaded once before the loop (lut_words), they stay in registers. As
+# immediates inside the asm, ptxas kept them in uniform registers and copied each into a register before every
+# use: 94 of 865 instructions of a 16-token iteration (sm_90 SASS).
+LUT_NAMES = ("hp0", "hp1", "lp0", "lp1", "k8", "c80", "i01", "i23")
+
+
+LUT3_NAMES = ("h0", "h1", "l0", "l1")  # the 3-bit level tables (levels_ptx._tables(3)), after LUT_NAMES
+
+
+def lut_words() -> list[int]:
+    """The values of LUT_NAMES then LUT3_NAMES, in order (int32 bit patterns)."""
+    t, t3 = _tables(4), _tables(3)
+    words = [t["hp0"], t["hp1"], t["lp0"], t["lp1"], 0x00008000, 0x80808080, 0x5140, 0x7362]
+    words += [t3[n] for n in LUT3_NAMES]
+    return [w - (1 << 32) if w >= 1 << 31 else w for w in words]
+
+
+def _bind(first: int) -> str:
+    return "".join(f"\n    mov.b32 {n}, ${first + i};" for i, n in enumerate(LUT_NAMES))
+
+
+def _prep(w: str, s: str) -> str:
+    """Magnitude selectors m{s} (nibble c -> c & 7 for c >= 8, 7 - c below) and negative flags n{s} (nibble = 1
+    where c < 8) of word w. Shifts are written as mul.hi and the subtraction as sub, which ptxas issues as IMAD
+    on the FMA pipe: the lookups are bound by the integer ALU pipe (half rate on sm_80 / sm_90), where prmt and
+    lop3 have to run."""
+    return f"""
+    not.b32 t, {w};
+    and.b32 t, t, 0x88888888;
+    mul.hi.u32 n{s}, t, 0x20000000;
+    sub.u32 t, t, n{s};
+    xor.b32 m{s}, {w}, t;
+    and.b32 m{s}, m{s}, 0x77777777;"""
+
+
+def _look(s: str) -> str:
+    """Hi bytes h{s} (sign set) and lo bytes l{s} of the levels of the 4 codes in the low halves of m{s}, n{s}:
+    the sign byte 0x80 / 0x00 picked from k8 = 0x8000 by the negative flag and added (the positive table's hi
+    bytes have bit 7 clear)."""
+    return f"""
+    prmt.b32 sg, k8, k8, n{s};
+    prmt.b32 h{s}, hp0, hp1, m{s};
+    prmt.b32 l{s}, lp0, lp1, m{s};
+    add.u32 h{s}, h{s}, sg;"""
+
+
+def _upper(s: str) -> str:
+    """Move the upper 4 codes' selectors of m{s}, n{s} into their low halves."""
+    return f"""
+    mul.hi.u32 m{s}, m{s}, 0x10000;
+    mul.hi.u32 n{s}, n{s}, 0x10000;"""
+
+
+def _ptx_4bit_one_token() -> str:
+    """$4: a word of 8 packed 4-bit codes (byte p: dims 2p, 2p+1 in its low, high nibble) -> $0..$3, the bf16
+    pair of byte p (low half: the even dim). $5..$12: LUT_NAMES. levels_ptx.PTX_4BIT's lookup."""
+    return ("{\n    .reg .b32 t, na, ma, sg, ha, la, " + ", ".join(LUT_NAMES) + ";" + _bind(5)
+            + _prep("$4", "a") + _look("a") + """
+    prmt.b32 $0, la, ha, i01;
+    prmt.b32 $1, la, ha, i23;""" + _upper("a") + _look("a") + """
+    prmt.b32 $2, la, ha, i01;
+    prmt.b32 $3, la, ha, i23;
+}""")
+
+
+def _ptx_4bit_two_tokens() -> str:
+    """Two words of 8 packed 4-bit codes, $8 of token 2i and $9 of token 2i+1 (the same 8 dims; dim r at nibble
+    r) -> $0..$7: register r holds the bf16 level of dim r of token 2i (low half) and of token 2i+1 (high half).
+    $10..$17: LUT_NAMES. Two more prmt per pair of outputs than the one-token lookup interleave the tokens."""
+
+    def out(o0: str, o1: str, o2: str, o3: str) -> str:  # dims 0..3 of this half, tokens a, b interleaved
+        return f"""
+    prmt.b32 L, la, lb, i01;
+    prmt.b32 H, ha, hb, i01;
+    prmt.b32 {o0}, L, H, i01;
+    prmt.b32 {o1}, L, H, i23;
+    prmt.b32 L, la, lb, i23;
+    prmt.b32 H, ha, hb, i23;
+    prmt.b32 {o2}, L, H, i01;
+    prmt.b32 {o3}, L, H, i23;"""
+
+    return ("{\n    .reg .b32 t, na, nb, ma, mb, sg, ha, hb, la, lb, L, H, " + ", ".join(LUT_NAMES) + ";"
+            + _bind(10) + _prep("$8", "a") + _prep("$9", "b") + _look("a") + _look("b")
+            + out("$0", "$1", "$2", "$3") + _upper("a") + _upper("b") + _look("a") + _look("b")
+            + out("$4", "$5", "$6", "$7") + "\n}")
+
+
+def _ptx_3bit_planes() -> str:
+    """levels_ptx's 3-bit planes lookup (a 2-bit plane word $8 and the 1-bit plane's 16 bits $9 of 16 dims ->
+    $0..$7, the bf16 pairs of dims 2p, 2p + 1) with its level tables as operands $10..$13 (LUT3_NAMES)."""
+    text = _levels_ptx._ptx_3bit_planes()
+    t3 = _tables(3)
+    for i, name in enumerate(LUT3_NAMES):
+        line = f"mov.b32 {name}, {t3[name]:#010x};"
+        assert line in text, line
+        text = text.replace(line, f"mov.b32 {name}, ${10 + i};")
+    return text
+
+
+PTX_3BIT_PLANES: gl.constexpr = gl.constexpr(_ptx_3bit_planes())
+PTX_4BIT_1TOK: gl.constexpr = gl.constexpr(_ptx_4bit_one_token())
+PTX_4BIT_2TOK: gl.constexpr = gl.constexpr(_ptx_4bit_two_tokens())
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _halves(pair):
+    """int32 bf16 pairs -> (low half, high half) as bf16 tensors of the same shape and layout."""
+    lo = pair.to(gl.int16).to(gl.bfloat16, bitcast=True)
+    hi = (pair >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    return lo, hi
+
+
+@gluon.jit
+def _rows(idx, n0, s1, offs, stride, WIDE: gl.constexpr):
+    """Row offsets (in the plane's 32-bit words) of tokens n0 + offs: slot * stride; tokens at or past s1 read
+    slot 0 (any finite codes: masked where they matter). ok: which tokens are before s1."""
+    ok = (n0 + offs) < s1
+    slot = gl.load(idx + n0 + offs, mask=ok, other=0)
+    if WIDE:
+        off = slot.to(gl.int64) * stride
+    else:
+        off = slot.to(gl.int32) * stride
+    return off, ok
+
+
+@gluon.jit
+def _load_tile(idx, n0, s1, kn, vn, cn, kc_w, vc_w, ks_w, vs_w, kc_stride, vc_stride, ks_stride, vs_stride,
+               K_WORDS: gl.constexpr, K3_WORDS: gl.constexpr, V_WORDS: gl.constexpr, D256: gl.constexpr,
+               WIDE: gl.constexpr):
+    """The words one iteration reads, each in the lanes that use it (strides in 32-bit words; past s1 slot 0).
+    D128 (two 4-bit blocks): K [N, 8] per block (K_WORDS), V [N, 8] per block (V_WORDS), the K and V scale
+    words [N] (two fp16 each; the scores' rows). D256 (K: a 4-bit block then three 3-bit ones, V: four 4-bit
+    blocks): K block 0 [N, 8], each 3-bit block's 2-bit plane [N, 4] words and 1-bit plane [N, 4] halfwords
+    (K3_WORDS), V [N, 8] per block, two K and two V scale words [N]."""
+    k_row, _ = _rows(idx, n0, s1, kn, kc_stride, WIDE)
+    v_row, _ = _rows(idx, n0, s1, vn, vc_stride, WIDE)
+    c_k, c_ok = _rows(idx, n0, s1, cn, ks_stride, WIDE)
+    c_v, _ = _rows(idx, n0, s1, cn, vs_stride, WIDE)
+    kw = gl.arange(0, 8, layout=gl.SliceLayout(0, K_WORDS))
+    vw = gl.arange(0, 8, layout=gl.SliceLayout(0, V_WORDS))
+    k_ptr = kc_w + k_row[:, None] + kw[None, :]
+    v_ptr = vc_w + v_row[:, None] + vw[None, :]
+    ks_p = ks_w + c_k
+    vs_p = vs_w + c_v
+    if D256:
+        k3_row = gl.convert_layout(k_row, gl.SliceLayout(1, K3_WORDS))
+        t = gl.arange(0, 4, layout=gl.SliceLayout(0, K3_WORDS))
+        p2 = kc_w + k3_row[:, None] + t[None, :]  # block b (1..3): 2-bit plane at word 8 + 6 (b - 1)
+        p1 = kc_w.to(gl.pointer_type(gl.int16)) + 2 * k3_row[:, None] + t[None, :]  # 1-bit plane: halfword 24 + 12 (b - 1)
+        tile = (gl.load(k_ptr), gl.load(p2 + 8), gl.load(p1 + 24), gl.load(p2 + 14), gl.load(p1 + 36),
+                gl.load(p2 + 20), gl.load(p1 + 48), gl.load(v_ptr), gl.load(v_ptr + 8), gl.load(v_ptr + 16),
+                gl.load(v_ptr + 24), gl.load(ks_p, mask=c_ok, other=0), gl.load(ks_p + 1, mask=c_ok, other=0),
+                gl.load(vs_p, mask=c_ok, other=0), gl.load(vs_p + 1, mask=c_ok, other=0))
+    else:
+        tile = (gl.load(k_ptr), gl.load(k_ptr + 8), gl.load(v_ptr), gl.load(v_ptr + 8),
+                gl.load(ks_p, mask=c_ok, other=0), gl.load(vs_p, mask=c_ok, other=0))
+    return tile
+
+
+@gluon.jit
+def _scale_pair(w):
+    """int32 words holding two fp16 scales (blocks 0, 1) -> two float32 tensors."""
+    s0 = w.to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+    s1 = (w >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+    return s0, s1
+
+
+# x ^ zeros[laneid], i.e. x, through a load ptxas cannot see through (it folds laneid >> 5 to 0): loaded as plain
+# scalars, the lookup tables lived in uniform registers and ptxas copied one into a register before each prmt
+# (about 10 % of a tile's instructions, sm_90 SASS). $2: the address of LUT_LANE_ZEROS zero words.
+PTX_PER_LANE: gl.constexpr = gl.constexpr("""{
+    .reg .b32 l, i;
+    .reg .b64 a, o;
+    mov.u32 i, %laneid;
+    mul.wide.u32 o, i, 4;
+    add.s64 a, $2, o;
+    ld.global.u32 l, [a];
+    xor.b32 $0, $1, l;
+}""")
+LUT_LANE_ZEROS = 32
+LUT_ZEROS_AT: gl.constexpr = gl.constexpr(12)  # len(lut_words())
+
+
+@gluon.jit
+def _per_lane(x, zeros):
+    return gl.inline_asm_elementwise(PTX_PER_LANE, "=r,r,l", [x, zeros], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _load_lut(lut_ptr):
+    """LUT_NAMES' words (lut_ptr[0:8]), each held in a register of every lane (PTX_PER_LANE; the zeros are at
+    lut_ptr[LUT_ZEROS_AT:])."""
+    z = (lut_ptr + LUT_ZEROS_AT).to(gl.int64, bitcast=True)
+    return (_per_lane(gl.load(lut_ptr), z), _per_lane(gl.load(lut_ptr + 1), z), _per_lane(gl.load(lut_ptr + 2), z),
+            _per_lane(gl.load(lut_ptr + 3), z), _per_lane(gl.load(lut_ptr + 4), z),
+            _per_lane(gl.load(lut_ptr + 5), z), _per_lane(gl.load(lut_ptr + 6), z),
+            _per_lane(gl.load(lut_ptr + 7), z))
+
+
+@gluon.jit
+def _load_lut3(lut_ptr):
+    """LUT3_NAMES' words (lut_ptr[8:12]), per lane as _load_lut's."""
+    z = (lut_ptr + LUT_ZEROS_AT).to(gl.int64, bitcast=True)
+    return (_per_lane(gl.load(lut_ptr + 8), z), _per_lane(gl.load(lut_ptr + 9), z),
+            _per_lane(gl.load(lut_ptr + 10), z), _per_lane(gl.load(lut_ptr + 11), z))
+
+
+PTX_MOVMATRIX_T: gl.constexpr = gl.constexpr("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;")
+
+
+@gluon.jit
+def _k_operand_a(words, lut, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr):
+    """_k_operand's levels as the left operand: bf16 [BLOCK_N, 64], row = token, column k as there."""
+    o0, o1, o2, o3 = gl.inline_asm_elementwise(PTX_4BIT_1TOK, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r",
+                                               [words, lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6], lut[7]],
+                                               dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+    a0 = gl.join(*_halves(o0))
+    a1 = gl.join(*_halves(o1))
+    a2 = gl.join(*_halves(o2))
+    a3 = gl.join(*_halves(o3))
+    z = gl.join(gl.join(a0, a2), gl.join(a1, a3))  # [N, 8 (word = 2 t + c1), 2 (e), 2 (c0), 2 (h)]
+    z = gl.reshape(z, [BLOCK_N, 4, 2, 2, 2, 2])  # (n, t, c1, e, c0, h)
+    z = gl.permute(z, [0, 2, 4, 5, 1, 3])  # (n, c1, c0, h, t, e)
+    z = gl.reshape(z, [BLOCK_N, 64])
+    return gl.convert_layout(z, A_LAYOUT)
+
+
+@gluon.jit
+def _levels8(o0, o1, o2, o3, o4, o5, o6, o7):
+    """Eight tensors of bf16 pairs (register r = 4 b2 + 2 b1 + b0 of a lookup) -> one bf16 tensor with four new
+    trailing axes (e: the pair's half, b2, b1, b0). Each join appends its axis last, so the nesting is
+    bit-reversed."""
+    a0 = gl.join(*_halves(o0))
+    a1 = gl.join(*_halves(o1))
+    a2 = gl.join(*_halves(o2))
+    a3 = gl.join(*_halves(o3))
+    a4 = gl.join(*_halves(o4))
+    a5 = gl.join(*_halves(o5))
+    a6 = gl.join(*_halves(o6))
+    a7 = gl.join(*_halves(o7))
+    return gl.join(gl.join(gl.join(a0, a4), gl.join(a2, a6)), gl.join(gl.join(a1, a5), gl.join(a3, a7)))
+
+
+@gluon.jit
+def _k3_operand_a(plane2, plane1, lut3, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr):
+    """A 3-bit K block's levels as the left operand, bf16 [BLOCK_N, 64] in _k_operand_a's column order: plane2
+    int32 [N, 4] (word t: dims 16 t .. 16 t + 15, 2 bits each), plane1 int16 [N, 4] (halfword t: their high bits),
+    lane t holding word t (K3_WORDS); pair p = 4 c1 + 2 c0 + h of PTX_3BIT_PLANES is dims 16 t + 2 p, + 1."""
+    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+        PTX_3BIT_PLANES, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r",
+        [plane2, plane1.to(gl.int32), lut3[0], lut3[1], lut3[2], lut3[3]], dtype=(gl.int32,) * 8, is_pure=True,
+        pack=1)
+    z = _levels8(o0, o1, o2, o3, o4, o5, o6, o7)  # [N, 4 (t), 2 (e), c1, c0, h]: p's bits
+    z = gl.permute(z, [0, 3, 4, 5, 1, 2])  # (n, c1, c0, h, t, e)
+    z = gl.reshape(z, [BLOCK_N, 64])
+    return gl.convert_layout(z, A_LAYOUT)
+
+
+@gluon.jit
+def _v_operand_a(words, lut, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr):
+    """_v_operand's levels as the left operand of O^T = V^T P^T: bf16 [64, BLOCK_N], row m = 8 j + g holding
+    block dim 8 g + j, column = token."""
+    w = gl.permute(gl.reshape(words, [BLOCK_N // 2, 2, 8]), [0, 2, 1])
+    w0, w1 = gl.split(w)
+    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+        PTX_4BIT_2TOK, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r",
+        [w0, w1, lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6], lut[7]], dtype=(gl.int32,) * 8,
+        is_pure=True, pack=1)
+    z = _levels8(o0, o1, o2, o3, o4, o5, o6, o7)  # [N / 2 (i), 8 (g), 2 (e), j2, j1, j0]
+    z = gl.permute(z, [3, 4, 5, 1, 0, 2])  # (j2, j1, j0, g, i, e)
+    z = gl.reshape(z, [64, BLOCK_N])
+    return gl.convert_layout(z, A_LAYOUT)
+
+
+@gluon.jit
+def _transpose_p(p, BLOCK_N: gl.constexpr, B_LAYOUT: gl.constexpr):
+    """P^T [BLOCK_N tokens, 8 heads] bf16 in the scores' accumulator layout (lane g: tokens g + 8 h, lane t: heads
+    2t, 2t+1) -> the same values as the right operand of V^T P^T (lane t: tokens 2t, 2t+1 + 8 h, lane g: head g):
+    each 8 x 8 block transposed across the warp by movmatrix, i.e. the register pair of a lane becomes the pair
+    of the transposed block; the logical index swap is a reshape and permute."""
+    x = gl.inline_asm_elementwise(PTX_MOVMATRIX_T, "=r,r", [p], dtype=gl.bfloat16, is_pure=True, pack=2)
+    # x[8 h + g, n] holds p[8 h + n, g]
+    y = gl.reshape(gl.permute(gl.reshape(x, [BLOCK_N // 8, 8, 8]), [0, 2, 1]), [BLOCK_N, 8])
+    return gl.convert_layout(y, B_LAYOUT)
+
+
+@gluon.jit
+def _softmax_step(s, c_ok, m_i, l_acc):
+    """Online softmax over one tile of scores S^T [N, 8] (log2 units): masks tokens past the split, returns p,
+    the rescale factor of the running outputs, and the new running maximum and per-row denominators."""
+    s = gl.where(c_ok[:, None], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=0))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - m_new[None, :])
+    return p, alpha, m_new, l_acc * alpha[None, :] + p
+
+
+@gluon.jit
+def _pv(v_a, p, vs, o, alpha, BLOCK_N: gl.constexpr, B_LAYOUT: gl.constexpr):
+    """o * alpha + V^T (p * vs)^T for one block: vs the block's V scale per token."""
+    return mma_v2(v_a, _transpose_p((p * vs[:, None]).to(gl.bfloat16), BLOCK_N, B_LAYOUT), o * alpha[None, :])
+
+
+@gluon.jit
+def _store_block(mid_o, o, inv, offs, h_ok, d0):
+    om = gl.arange(0, 64, layout=gl.SliceLayout(1, o.type.layout))
+    o_dim = d0 + 8 * (om & 7) + (om >> 3)  # row m = 8 j + g holds block dim 8 g + j
+    gl.store(mid_o + offs[None, :] + o_dim[:, None], o * inv[None, :], mask=h_ok[None, :])
+
+
+@gluon.jit
+def _load_q(q_ptr, q_off, q_mask, d0, qk_scale):
+    return (gl.load(q_ptr + q_off + d0, mask=q_mask, other=0.0) * qk_scale).to(gl.bfloat16)
+
+
+@gluon.jit
+def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_indices, num_kv_splits,
+                       mid_o, mid_lse, sm_scale, lut_ptr,
+                       stride_kc_slot, stride_kc_head, stride_ks_slot, stride_ks_head,
+                       stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
+                       stride_q_b, stride_q_h, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+                       GROUP: gl.constexpr, BLOCK_N: gl.constexpr, MIN_BLOCK: gl.constexpr, WIDE: gl.constexpr,
+                       D256: gl.constexpr = False, SPLIT_MUL: gl.constexpr = 1):
+    """One program per (request, KV head, split); request b runs num_kv_splits[b] * SPLIT_MUL splits. D256:
+    octave_k3v4 at head_dim 256 (K: a 4-bit block, three 3-bit ones), else at 128 (two 4-bit blocks). WIDE: row
+    offsets in int64 (planes of 2^31 words or more)."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    A_OP: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    B_OP: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
+    # K words: lane (g, t) holds tokens g (+ 8 ...) and the words 2 t, 2 t + 1 of a 4-bit block (word t of a
+    # 3-bit block's planes); V words: tokens 2 t, 2 t + 1 (+ 8 ...) and word g of a block
+    K_WORDS: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [1, 1], [1, 0])
+    K3_WORDS: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [1, 1], [1, 0])
+    V_WORDS: gl.constexpr = gl.BlockedLayout([2, 1], [4, 8], [1, 1], [0, 1])
+    TOKS: gl.constexpr = gl.SliceLayout(1, MMA)  # per token of the scores' rows
+    HEADS: gl.constexpr = gl.SliceLayout(0, MMA)  # per q head
+
+    batch = gl.program_id(0).to(gl.int64)
+    kv_head = gl.program_id(1)
+    split = gl.program_id(2)
+    kv_start = gl.load(kv_indptr + batch)
+    seq_len = gl.load(kv_indptr + batch + 1) - kv_start
+    splits = gl.load(num_kv_splits + batch) * SPLIT_MUL
+    per_split = gl.cdiv(gl.cdiv(seq_len, splits), MIN_BLOCK) * MIN_BLOCK
+    s0 = per_split * split
+    s1 = gl.minimum(s0 + per_split, seq_len)
+    if s1 > s0:
+        qk_scale = sm_scale * LOG2E
+        # q^T in the permuted K order, pre-scaled: one [64, 8] right operand per block
+        qk = gl.arange(0, 64, layout=gl.SliceLayout(1, B_OP))
+        qh = gl.arange(0, 8, layout=gl.SliceLayout(0, B_OP))
+        q_dim = 16 * ((qk >> 1) & 3) + 8 * ((qk >> 5) & 1) + 4 * ((qk >> 4) & 1) + 2 * ((qk >> 3) & 1) + (qk & 1)
+        q_off = batch * stride_q_b + (kv_head * GROUP + qh).to(gl.int64)[None, :] * stride_q_h + q_dim[:, None]
+        q_mask = (qh < GROUP)[None, :]
+        q0 = _load_q(q_ptr, q_off, q_mask, 0, qk_scale)
+        q1 = _load_q(q_ptr, q_off, q_mask, 64, qk_scale)
+        if D256:
+            q2 = _load_q(q_ptr, q_off, q_mask, 128, qk_scale)
+            q3 = _load_q(q_ptr, q_off, q_mask, 192, qk_scale)
+            lut3 = _load_lut3(lut_ptr)
+
+        kn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, K_WORDS))
+        vn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, V_WORDS))
+        cn = gl.arange(0, BLOCK_N, layout=TOKS)
+        lut = _load_lut(lut_ptr)
+        m_i = gl.full([8], float("-inf"), gl.float32, layout=HEADS)
+        l_acc = gl.zeros([BLOCK_N, 8], gl.float32, layout=MMA)
+        o0 = gl.zeros([64, 8], gl.float32, layout=MMA)
+        o1 = gl.zeros([64, 8], gl.float32, layout=MMA)
+        if D256:
+            o2 = gl.zeros([64, 8], gl.float32, layout=MMA)
+            o3 = gl.zeros([64, 8], gl.float32, layout=MMA)
+        # 32-bit words of the codes and of the fp16 scale pairs; a head's code rows are whole numbers of 64-bit
+        # words (launch_stage1 asserts it), which lets K's two-word loads be vectorised
+        kc_w = k_codes.to(gl.pointer_type(gl.int32)) + gl.multiple_of(kv_head * (stride_kc_head // 4), 2)
+        vc_w = v_codes.to(gl.pointer_type(gl.int32)) + gl.multiple_of(kv_head * (stride_vc_head // 4), 2)
+        ks_w = (k_scales + kv_head * stride_ks_head).to(gl.pointer_type(gl.int32))
+        vs_w = (v_scales + kv_head * stride_vs_head).to(gl.pointer_type(gl.int32))
+        idx = kv_indices + kv_start
+        tile = _load_tile(idx, s0, s1, kn, vn, cn, kc_w, vc_w, ks_w, vs_w, stride_kc_slot // 4, stride_vc_slot // 4,
+                          stride_ks_slot // 2, stride_vs_slot // 2, K_WORDS, K3_WORDS, V_WORDS, D256, WIDE)
+        for n0 in range(s0, s1, BLOCK_N):
+            cur = tile
+            # the next tile's loads in flight while this one is computed (measured: 175 -> 166 us at batch 8 x 32k)
+            tile = _load_tile(idx, n0 + BLOCK_N, s1, kn, vn, cn, kc_w, vc_w, ks_w, vs_w, stride_kc_slot // 4,
+                              stride_vc_slot // 4, stride_ks_slot // 2, stride_vs_slot // 2, K_WORDS, K3_WORDS,
+                              V_WORDS, D256, WIDE)
+            c_ok = (n0 + cn) < s1
+            zero = gl.zeros([BLOCK_N, 8], gl.float32, layout=MMA)
+            # every operand decoded before the softmax: one basic block for ptxas to interleave the V lookups with
+            # the scores' reductions
+            if D256:
+                ks0, ks1 = _scale_pair(cur[11])
+                ks2, ks3 = _scale_pair(cur[12])
+                vs0, vs1 = _scale_pair(cur[13])
+                vs2, vs3 = _scale_pair(cur[14])
+                s = mma_v2(_k_operand_a(cur[0], lut, BLOCK_N, A_OP), q0, zero) * ks0[:, None]
+                s += mma_v2(_k3_operand_a(cur[1], cur[2], lut3, BLOCK_N, A_OP), q1, zero) * ks1[:, None]
+                s += mma_v2(_k3_operand_a(cur[3], cur[4], lut3, BLOCK_N, A_OP), q2, zero) * ks2[:, None]
+                s += mma_v2(_k3_operand_a(cur[5], cur[6], lut3, BLOCK_N, A_OP), q3, zero) * ks3[:, None]
+                v_a0 = _v_operand_a(cur[7], lut, BLOCK_N, A_OP)
+                v_a1 = _v_operand_a(cur[8], lut, BLOCK_N, A_OP)
+                v_a2 = _v_operand_a(cur[9], lut, BLOCK_N, A_OP)
+                v_a3 = _v_operand_a(cur[10], lut, BLOCK_N, A_OP)
+                p, alpha, m_i, l_acc = _softmax_step(s, c_ok, m_i, l_acc)
+                o0 = _pv(v_a0, p, vs0, o0, alpha, BLOCK_N, B_OP)
+                o1 = _pv(v_a1, p, vs1, o1, alpha, BLOCK_N, B_OP)
+                o2 = _pv(v_a2, p, vs2, o2, alpha, BLOCK_N, B_OP)
+                o3 = _pv(v_a3, p, vs3, o3, alpha, BLOCK_N, B_OP)
+            else:
+                ks0, ks1 = _scale_pair(cur[4])
+                vs0, vs1 = _scale_pair(cur[5])
+                k_a0 = _k_operand_a(cur[0], lut, BLOCK_N, A_OP)
+                k_a1 = _k_operand_a(cur[1], lut, BLOCK_N, A_OP)
+                v_a0 = _v_operand_a(cur[2], lut, BLOCK_N, A_OP)
+                v_a1 = _v_operand_a(cur[3], lut, BLOCK_N, A_OP)
+                s = mma_v2(k_a0, q0, zero) * ks0[:, None] + mma_v2(k_a1, q1, zero) * ks1[:, None]
+                p, alpha, m_i, l_acc = _softmax_step(s, c_ok, m_i, l_acc)
+                o0 = _pv(v_a0, p, vs0, o0, alpha, BLOCK_N, B_OP)
+                o1 = _pv(v_a1, p, vs1, o1, alpha, BLOCK_N, B_OP)
+
+        # the softmax denominators stayed per (token row, head) until here: no cross-lane sum per tile
+        l_i = gl.sum(l_acc, axis=0)
+        inv = 1.0 / l_i
+        oh = gl.arange(0, 8, layout=HEADS)
+        heads = kv_head * GROUP + oh
+        h_ok = oh < GROUP
+        offs = batch * stride_mo_b + heads.to(gl.int64) * stride_mo_h + split * stride_mo_s
+        _store_block(mid_o, o0, inv, offs, h_ok, 0)
+        _store_block(mid_o, o1, inv, offs, h_ok, 64)
+        if D256:
+            _store_block(mid_o, o2, inv, offs, h_ok, 128)
+            _store_block(mid_o, o3, inv, offs, h_ok, 192)
+        lse = (m_i + gl.log2(l_i)) * LN2
+        gl.store(mid_lse + batch * stride_ml_b + heads * stride_ml_h + split, lse, mask=h_ok)
+
+
+_LUT: dict = {}
+
+
+def lut_tensor(device) -> torch.Tensor:
+    """LUT_NAMES' words and LUT_LANE_ZEROS zeros (_load_lut) as an int32 tensor on `device` (cached)."""
+    key = str(device)
+    if key not in _LUT:
+        words = lut_words()
+        assert len(words) == LUT_ZEROS_AT.value
+        _LUT[key] = torch.tensor(words + [0] * LUT_LANE_ZEROS, dtype=torch.int32, device=device)
+    return _LUT[key]
+
+
+def supported(fmt, group: int, q_len: int, x) -> str | None:
+    """None when this kernel can run the call, else why not (the scope in the module docstring)."""
+    from . import tables
+
+    if tables.format_kind(fmt) != tables.FMT_OCTAVE:
+        return f"{fmt.name} is not an octave format"
+    if layout_of(fmt) is None:
+        return (f"only octave_k3v4 at head_dim 128 (4-bit K and V blocks) or 256 with rotary_dim 64 (K blocks of 4, "
+                f"3, 3, 3 bits) (got {fmt.name} at head_dim {fmt.head_dim}, K bits {fmt.k_bits}, V bits {fmt.v_bits})")
+    if q_len != 1:
+        return "only one query token per request"
+    if group > 8:
+        return f"GQA groups of at most 8 q heads (got {group})"
+    if not x.is_cuda or torch.version.hip is not None or torch.cuda.get_device_capability(x.device)[0] < 8:
+        return "needs an NVIDIA GPU of compute capability 8.0 or later"
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return "Gluon kernels do not run under the Triton interpreter"
+    return None
+
+
+def layout_of(fmt) -> str | None:
+    """"d128" / "d256": the block layouts the kernel reads; None for any other."""
+    if fmt.head_dim == 128 and fmt.k_bits == (4, 4) and fmt.v_bits == (4, 4):
+        return "d128"
+    if fmt.head_dim == 256 and fmt.k_bits == (4, 3, 3, 3) and fmt.v_bits == (4, 4, 4, 4):
+        return "d256"
+    return None
+
+
+def default_for(fmt, group: int, q_len: int, x) -> bool:
+    """Whether decode_attention takes this kernel when the caller does not choose: where it runs and was
+    measured faster than decode._decode_stage1, i.e. compute capability 9 (an H200; docs/benchmarks/kernels.md,
+    round 15). On sm_80 / sm_86 it compiles (kernels.targets) but was not run: stage1="mma" asks for it."""
+    return supported(fmt, group, q_len, x) is None and torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
+def launch_stage1(grid, q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse, sm_scale,
+                  group: int, block_n: int, min_block: int, split_mul: int = 1, warmup: bool = False):
+    """Launch (or, with warmup, only compile and return the kernel: decode.resident_programs reads it). The code
+    planes are read as 32-bit words and a (token, head)'s two fp16 scales as one: rows and heads must start on
+    4-byte boundaries."""
+    assert group <= 8, group
+    assert block_n in (16, 32, 64), block_n
+    d256 = q_in.shape[-1] == 256
+    # rows of whole 64-bit words (K's two-word loads), scale pairs on 4-byte boundaries
+    assert kc.stride(0) % 8 == 0 and kc.stride(1) % 8 == 0 and vc.stride(0) % 8 == 0 and vc.stride(1) % 8 == 0
+    assert ks.stride(0) % 2 == 0 and ks.stride(1) % 2 == 0 and vs.stride(0) % 2 == 0 and vs.stride(1) % 2 == 0
+    assert all(t.data_ptr() % 4 == 0 for t in (kc, ks, vc, vs))
+    wide = max(kc.numel(), vc.numel()) // 4 >= 2**31 or max(ks.numel(), vs.numel()) // 2 >= 2**31
+    args = (q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse, sm_scale,
+            lut_tensor(q_in.device), kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0),
+            vc.stride(1), vs.stride(0), vs.stride(1), q_in.stride(0), q_in.stride(1), mid_o.stride(0),
+            mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
+    consts = {"GROUP": group, "BLOCK_N": block_n, "MIN_BLOCK": min_block, "WIDE": wide, "D256": d256,
+              "SPLIT_MUL": split_mul, "num_warps": 1}
+    if warmup:
+        kernel = _decode_stage1_mma.warmup(*args, grid=(1,), **consts)
+        return kernel.result() if hasattr(kernel, "result") else kernel
+    _decode_stage1_mma[grid](*args, **consts)

@@ -1,0 +1,104 @@
+"""decode_mma, the Gluon stage 1 for 4-bit octave: its PTX lookups exhaustively through the CPU emulator
+(tests/kernels/ptx_emulator.py), its scope errors, and on a GPU (TRITON_INTERPRET=0) the kernel against the torch
+reference. Gluon kernels do not run under the interpreter, so on CPU only the first two parts run; the build
+for sm_80 / sm_86 / sm_90 is checked by test_targets.py."""
+
+import random
+
+import pytest
+import torch
+from kernel_test_helpers import allocate_slots, indptr
+from ptx_emulator import run as _run
+
+from sglang_ext.kernels import decode_attention, store_kv
+from sglang_ext.kvformats import get_format, reference
+from sglang_ext.kvformats.codebook import LEVELS
+
+decode_mma = pytest.importorskip("sglang_ext.kernels.decode_mma")
+
+
+def _bf16_levels() -> list[int]:
+    t = torch.tensor(LEVELS[4], dtype=torch.float32).to(torch.bfloat16).view(torch.int16)
+    return [int(x) & 0xFFFF for x in t]
+
+
+LUT = [w & 0xFFFFFFFF for w in decode_mma.lut_words()]
+
+
+def test_one_token_lookup_gives_every_byte_its_two_levels():
+    want = _bf16_levels()
+    for start in range(0, 256, 4):  # every byte value in every byte position of the word
+        for rot in range(4):
+            bs = [(start + (i + rot) % 4) for i in range(4)]
+            outs = _run(decode_mma._ptx_4bit_one_token(), [sum(b << (8 * i) for i, b in enumerate(bs))] + LUT, 4)
+            for k, b in enumerate(bs):
+                expect = want[b & 15] | (want[b >> 4] << 16)
+                assert outs[k] == expect, f"byte {b:#04x} at {k}: {outs[k]:#010x} != {expect:#010x}"
+
+
+def test_two_token_lookup_interleaves_the_tokens_levels():
+    want = _bf16_levels()
+    rng = random.Random(0)
+    words = [(rng.getrandbits(32), rng.getrandbits(32)) for _ in range(300)]
+    words += [(sum(c << (4 * r) for r in range(8)), sum((15 - c) << (4 * r) for r in range(8))) for c in range(16)]
+    for a, b in words:
+        outs = _run(decode_mma._ptx_4bit_two_tokens(), [a, b] + LUT, 8)
+        for r in range(8):
+            expect = want[(a >> 4 * r) & 15] | (want[(b >> 4 * r) & 15] << 16)
+            assert outs[r] == expect, f"dim {r} of {a:#010x}, {b:#010x}: {outs[r]:#010x} != {expect:#010x}"
+
+
+def test_three_bit_lookup_with_table_operands_equals_levels_ptx():
+    from sglang_ext.kernels import levels_ptx
+
+    lut3 = LUT[8:12]
+    rng = random.Random(1)
+    for _ in range(300):
+        w2, w1 = rng.getrandbits(32), rng.getrandbits(16)
+        assert _run(decode_mma._ptx_3bit_planes(), [w2, w1] + lut3, 8) == _run(levels_ptx.PTX_3BIT_PLANES.value,
+                                                                               [w2, w1], 8)
+
+
+def test_scope_errors_name_what_is_supported(device):
+    q = torch.zeros(1, 8, 128, device=device)
+    fmt = get_format("octave_k3v3", 128)
+    planes = fmt.allocate(4, 1, device)
+    ip = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="only octave_k3v4 at head_dim 128"):
+        decode_attention(fmt, q, planes, torch.empty_like(q), ip, ip[:1], 0.1, stage1="mma")
+    with pytest.raises(ValueError, match="stage1 must be"):
+        decode_attention(fmt, q, planes, torch.empty_like(q), ip, ip[:1], 0.1, stage1="gluon")
+    if device == "cpu":
+        fmt = get_format("octave_k3v4", 128)
+        q = torch.zeros(1, 8, 128)
+        with pytest.raises(ValueError, match="NVIDIA GPU"):
+            decode_attention(fmt, q, fmt.allocate(4, 1, "cpu"), torch.empty_like(q), ip, ip[:1], 0.1, stage1="mma")
+
+
+@pytest.mark.parametrize("head_dim,group,h_kv", [(128, 8, 2), (128, 3, 1), (256, 8, 1), (256, 5, 2)])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("given_splits", [False, True])
+def test_mma_decode_matches_reference(head_dim, group, h_kv, page_size, given_splits, device):
+    if device != "cuda":
+        pytest.skip("a Gluon kernel: runs on an NVIDIA GPU only (TRITON_INTERPRET=0)")
+    fmt = get_format("octave_k3v4", head_dim, 64 if head_dim == 256 else None)
+    gen = torch.Generator().manual_seed(head_dim + group + page_size)
+    lengths = [70, 0, 5, 1000, 33, 2100]
+    slots = allocate_slots(lengths, page_size, num_pages=-(-sum(lengths) // page_size) + len(lengths) + 8, gen=gen)
+    planes = fmt.allocate((-(-sum(lengths) // page_size) + len(lengths) + 8) * page_size, h_kv, device)
+    flat = torch.cat(slots).to(device)
+    k = torch.randn(flat.numel(), h_kv, head_dim, generator=gen) * 2
+    k[:, :, 1] += 6.0  # an outlier channel
+    v = torch.randn(flat.numel(), h_kv, head_dim, generator=gen)
+    store_kv(fmt, planes, flat, k.to(device, torch.bfloat16), v.to(device, torch.bfloat16))
+    ip = indptr(lengths, device)
+    q = torch.randn(len(lengths), h_kv * group, head_dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+    o = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device=device)
+    kw = {"num_kv_splits": torch.tensor([4, 1, 2, 3, 1, 4], dtype=torch.int32, device=device),
+          "max_kv_splits": 4} if given_splits else {}
+    decode_attention(fmt, q, planes, o, ip, flat, head_dim ** -0.5, page_size=page_size, stage1="mma", **kw)
+    ref = reference.decode_attention(fmt, q, planes, ip, flat, head_dim ** -0.5)
+    assert not torch.isnan(o).any(), "output elements left unwritten"
+    assert not o[1].float().any(), "a request without KV must get zeros"
+    err = ((o.float() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, f"relative error {err:.2e} against the reference"  # bf16 operands: ~3e-3 measured
