@@ -12,6 +12,7 @@ where the time goes; kernels_bench.py measures times and checks results. Every k
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -48,6 +49,9 @@ def main():
     ap.add_argument("--ctx", type=int, default=32768)
     ap.add_argument("--extend", action="store_true", help="also the extend kernels (4k new over 32k prefix)")
     ap.add_argument("--store", action="store_true", help="also our store kernels (4096 new tokens)")
+    ap.add_argument("--extra", action="append", default=[], metavar="FORMAT=JSON",
+                    help="one more decode launch of FORMAT with these decode_attention arguments, e.g. "
+                         "octave_k3v4='{\"stage1\": \"mma\", \"mma_heads_n\": true}'; repeatable")
     args = ap.parse_args()
     device = "cuda"
     hq, hkv, rot = HEAD_CONFIGS[args.head_dim]
@@ -70,8 +74,13 @@ def main():
     base.run(q, kb, vb, o, indptr, indices, sm_scale)
     for f in fmts:
         kernels.decode_attention(f, q, planes[f.name], o, indptr, indices, sm_scale)
+    for extra in args.extra:
+        name, _, kwargs = extra.partition("=")
+        f = next(f for f in fmts if f.name == name)
+        kernels.decode_attention(f, q, planes[f.name], o, indptr, indices, sm_scale, **json.loads(kwargs))
     torch.cuda.synchronize()
-    print(f"decode d{d} B{batch} ctx{ctx}: launched sgl-bf16, " + ", ".join(f.name for f in fmts), flush=True)
+    print(f"decode d{d} B{batch} ctx{ctx}: launched sgl-bf16, " + ", ".join(f.name for f in fmts)
+          + "".join(f", {e}" for e in args.extra), flush=True)
     if args.extend:
         prefix, new = 32768, 4096
         qe = torch.randn(new, hq, d, generator=gen, device=device).to(torch.bfloat16)
