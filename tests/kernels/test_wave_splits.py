@@ -131,3 +131,17 @@ def test_launch_table_only_where_it_was_measured(monkeypatch):
     monkeypatch.setattr(torch.version, "hip", "6.2")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (11, 0))
     assert decode.default_launch(octave, 8, 1, _FakeCudaQ(128), full) == {}
+
+
+def test_mma_split_rule_takes_the_measured_counts():
+    # decode_mma's one-warp programs on an H200: 132 SMs, 12 resident (165 registers a thread); the counts the
+    # rule allows at the shapes of docs/benchmarks/kernels.md, round 15, and wave_splits' choice within them
+    from sglang_ext.kernels.decode import MMA_MAX_SPLITS, mma_max_splits
+
+    slots, sms = 132 * 12, 132
+    assert mma_max_splits(1, 8, 131072, slots, sms, 16) == MMA_MAX_SPLITS  # 128 splits: 95-100 us, 16: 419
+    assert mma_max_splits(1, 8, 4096, slots, sms, 16) == 64  # 28 us with 32 or 64, 32 with 16, 33 with 128
+    assert wave_splits(8, 64, slots, 4096, 32) == 64
+    assert mma_max_splits(8, 8, 4096, slots, sms, 16) == 16  # 45 us with 16, 53 with 32, 66 with 64
+    assert mma_max_splits(8, 8, 32768, slots, sms, 16) == 25  # fills the resident slots (24 splits: 170 us)
+    assert mma_max_splits(1, 8, 100, slots, sms, 16) == 1  # at least 64 tokens a split
