@@ -47,16 +47,14 @@ from .levels_ptx import _tables
 # The lookup constants, as asm operands: loaded once before the loop (lut_words), they stay in registers. As
 # immediates inside the asm, ptxas kept them in uniform registers and copied each into a register before every
 # use: 94 of 865 instructions of a 16-token iteration (sm_90 SASS).
-LUT_NAMES = ("hp0", "hp1", "lp0", "lp1", "k8", "c80", "i01", "i23")
-
-
+LUT_NAMES = ("hp0", "hp1", "lp0", "lp1", "k8", "i01", "i23")
 LUT3_NAMES = ("h0", "h1", "l0", "l1")  # the 3-bit level tables (levels_ptx._tables(3)), after LUT_NAMES
 
 
 def lut_words() -> list[int]:
     """The values of LUT_NAMES then LUT3_NAMES, in order (int32 bit patterns)."""
     t, t3 = _tables(4), _tables(3)
-    words = [t["hp0"], t["hp1"], t["lp0"], t["lp1"], 0x00008000, 0x80808080, 0x5140, 0x7362]
+    words = [t["hp0"], t["hp1"], t["lp0"], t["lp1"], 0x00008000, 0x5140, 0x7362]
     words += [t3[n] for n in LUT3_NAMES]
     return [w - (1 << 32) if w >= 1 << 31 else w for w in words]
 
@@ -99,7 +97,7 @@ def _upper(s: str) -> str:
 
 def _ptx_4bit_one_token() -> str:
     """$4: a word of 8 packed 4-bit codes (byte p: dims 2p, 2p+1 in its low, high nibble) -> $0..$3, the bf16
-    pair of byte p (low half: the even dim). $5..$12: LUT_NAMES. levels_ptx.PTX_4BIT's lookup."""
+    pair of byte p (low half: the even dim). $5..$11: LUT_NAMES. levels_ptx.PTX_4BIT's lookup."""
     return ("{\n    .reg .b32 t, na, ma, sg, ha, la, " + ", ".join(LUT_NAMES) + ";" + _bind(5)
             + _prep("$4", "a") + _look("a") + """
     prmt.b32 $0, la, ha, i01;
@@ -112,7 +110,7 @@ def _ptx_4bit_one_token() -> str:
 def _ptx_4bit_two_tokens() -> str:
     """Two words of 8 packed 4-bit codes, $8 of token 2i and $9 of token 2i+1 (the same 8 dims; dim r at nibble
     r) -> $0..$7: register r holds the bf16 level of dim r of token 2i (low half) and of token 2i+1 (high half).
-    $10..$17: LUT_NAMES. Two more prmt per pair of outputs than the one-token lookup interleave the tokens."""
+    $10..$16: LUT_NAMES. Two more prmt per pair of outputs than the one-token lookup interleave the tokens."""
 
     def out(o0: str, o1: str, o2: str, o3: str) -> str:  # dims 0..3 of this half, tokens a, b interleaved
         return f"""
@@ -226,7 +224,7 @@ PTX_PER_LANE: gl.constexpr = gl.constexpr("""{
     xor.b32 $0, $1, l;
 }""")
 LUT_LANE_ZEROS = 32
-LUT_ZEROS_AT: gl.constexpr = gl.constexpr(12)  # len(lut_words())
+LUT_ZEROS_AT: gl.constexpr = gl.constexpr(11)  # len(lut_words())
 
 
 @gluon.jit
@@ -236,21 +234,20 @@ def _per_lane(x, zeros):
 
 @gluon.jit
 def _load_lut(lut_ptr):
-    """LUT_NAMES' words (lut_ptr[0:8]), each held in a register of every lane (PTX_PER_LANE; the zeros are at
+    """LUT_NAMES' words (lut_ptr[0:7]), each held in a register of every lane (PTX_PER_LANE; the zeros are at
     lut_ptr[LUT_ZEROS_AT:])."""
     z = (lut_ptr + LUT_ZEROS_AT).to(gl.int64, bitcast=True)
     return (_per_lane(gl.load(lut_ptr), z), _per_lane(gl.load(lut_ptr + 1), z), _per_lane(gl.load(lut_ptr + 2), z),
             _per_lane(gl.load(lut_ptr + 3), z), _per_lane(gl.load(lut_ptr + 4), z),
-            _per_lane(gl.load(lut_ptr + 5), z), _per_lane(gl.load(lut_ptr + 6), z),
-            _per_lane(gl.load(lut_ptr + 7), z))
+            _per_lane(gl.load(lut_ptr + 5), z), _per_lane(gl.load(lut_ptr + 6), z))
 
 
 @gluon.jit
 def _load_lut3(lut_ptr):
-    """LUT3_NAMES' words (lut_ptr[8:12]), per lane as _load_lut's."""
+    """LUT3_NAMES' words (lut_ptr[7:11]), per lane as _load_lut's."""
     z = (lut_ptr + LUT_ZEROS_AT).to(gl.int64, bitcast=True)
-    return (_per_lane(gl.load(lut_ptr + 8), z), _per_lane(gl.load(lut_ptr + 9), z),
-            _per_lane(gl.load(lut_ptr + 10), z), _per_lane(gl.load(lut_ptr + 11), z))
+    return (_per_lane(gl.load(lut_ptr + 7), z), _per_lane(gl.load(lut_ptr + 8), z),
+            _per_lane(gl.load(lut_ptr + 9), z), _per_lane(gl.load(lut_ptr + 10), z))
 
 
 PTX_MOVMATRIX_T: gl.constexpr = gl.constexpr("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;")
@@ -259,8 +256,8 @@ PTX_MOVMATRIX_T: gl.constexpr = gl.constexpr("movmatrix.sync.aligned.m8n8.trans.
 @gluon.jit
 def _k_operand_a(words, lut, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr):
     """_k_operand's levels as the left operand: bf16 [BLOCK_N, 64], row = token, column k as there."""
-    o0, o1, o2, o3 = gl.inline_asm_elementwise(PTX_4BIT_1TOK, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r",
-                                               [words, lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6], lut[7]],
+    o0, o1, o2, o3 = gl.inline_asm_elementwise(PTX_4BIT_1TOK, "=r,=r,=r,=r,r,r,r,r,r,r,r,r",
+                                               [words, lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6]],
                                                dtype=(gl.int32,) * 4, is_pure=True, pack=1)
     a0 = gl.join(*_halves(o0))
     a1 = gl.join(*_halves(o1))
@@ -311,8 +308,8 @@ def _v_operand_a(words, lut, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr):
     w = gl.permute(gl.reshape(words, [BLOCK_N // 2, 2, 8]), [0, 2, 1])
     w0, w1 = gl.split(w)
     o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-        PTX_4BIT_2TOK, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r",
-        [w0, w1, lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6], lut[7]], dtype=(gl.int32,) * 8,
+        PTX_4BIT_2TOK, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r",
+        [w0, w1, lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6]], dtype=(gl.int32,) * 8,
         is_pure=True, pack=1)
     z = _levels8(o0, o1, o2, o3, o4, o5, o6, o7)  # [N / 2 (i), 8 (g), 2 (e), j2, j1, j0]
     z = gl.permute(z, [3, 4, 5, 1, 0, 2])  # (j2, j1, j0, g, i, e)
