@@ -427,8 +427,9 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     ptxas's choice; 0: ptxas's choice);
     lut: octave level decode (LUT_SELECT / LUT_PTX / LUT_PTX_CODES; None: level_decode's choice). int8_f16: int8
     codes to fp16 dot operands in PTX (I8_F16_BOTH / I8_F16_V / I8_FLOAT32; None: int8_f16_dots' choice).
-    stage1: "triton" (_decode_stage1), "mma" (decode_mma's Gluon kernel: octave_k3v4 at head_dim 128, or 256 with
-    rotary_dim 64; block_n applies to it, default MMA_BLOCK_N; the other launch arguments do not) or None:
+    stage1: "triton" (_decode_stage1), "mma" (decode_mma's Gluon kernel: octave_k3v4 / octave_k3v3 at head_dim
+    128, or 256 with rotary_dim 64; block_n applies to it, default MMA_BLOCK_N; the other launch arguments do
+    not) or None:
     decode_mma.default_for's
     choice, unless dot_bf16=False or one of the Triton kernel's launch arguments (kv_a, min_rows, num_warps,
     num_stages, lut, int8_f16, maxnreg) is given. Returns o."""
@@ -467,7 +468,8 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
             raise ValueError(f"stage1='mma': {why}")
         if stage1 == "mma" or decode_mma.default_for(fmt, group, q_len, q):
             return _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, num_kv_splits,
-                               max_kv_splits, block_n or MMA_BLOCK_N[d], fill_waves, batch, h_kv, group)
+                               max_kv_splits, block_n or MMA_BLOCK_N[decode_mma.layout_of(fmt)], fill_waves,
+                               batch, h_kv, group)
     launch = default_launch(fmt, group, q_len, q, batch * h_kv * max_kv_splits)
     block_n = block_n or launch.get("block_n") or default_block_n(kind, d)
     num_warps = num_warps or launch.get("num_warps", 4)
@@ -533,10 +535,11 @@ def _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits: int, q
     return o
 
 
-# Tokens per loop iteration of decode_mma's kernel by head_dim, at batch 8 x 32k on an H200 (docs/benchmarks/
-# kernels.md, round 15): d128 32 took 166 us, 16 took 243 and 64 took 175; d256 32 took 171, 16 took 166 (and at
-# batch 1 x 128k 116 against 123).
-MMA_BLOCK_N = {128: 32, 256: 32}
+# Tokens per loop iteration of decode_mma's kernel by its block layout (decode_mma.layout_of), at batch 8 x 32k on
+# an H200 (docs/benchmarks/kernels.md, rounds 15-16): d128 32 took 166 us, 16 took 243 and 64 took 175; d256 32
+# took 171, 16 took 166 (and at batch 1 x 128k 116 against 123); with 3-bit V (octave_k3v3), d128 32 took 170 and
+# 16 took 169, d256 32 took 168 and 16 took 162 (at 32 the loop spills a few registers).
+MMA_BLOCK_N = {"d128": 32, "d256": 32, "d128v3": 32, "d256v3": 16}
 # Split counts of the mma kernel (one-warp programs, latency-bound: more resident warps per SM run faster) when the
 # launcher chooses, all measured on an H200 (docs/benchmarks/kernels.md, round 15):
 # - long requests fill every resident program slot: batch 1 x 128k took 419 us with 16 splits, 128 with 64, 95-100
@@ -567,7 +570,7 @@ def _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, 
     dev = q.device
     q_in = rotate_rows(q, torch.empty(q.shape, dtype=torch.float32, device=dev), rotation.K_TENSOR, False)
     kc, ks, vc, vs = attention_planes(fmt, planes)
-    key = ("mma", dev.index, q.shape[-1], kc.dtype, kv_indices.dtype, group, block_n)
+    key = ("mma", dev.index, q.shape[-1], vc.shape[-1], kc.dtype, kv_indices.dtype, group, block_n)
     if key not in _RESIDENT:
         ph = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
         one = torch.ones(1, dtype=torch.int32, device=dev)

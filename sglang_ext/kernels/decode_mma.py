@@ -1,4 +1,4 @@
-"""Octave decode stage 1 in Gluon: 4-bit levels looked up straight into the tensor cores' operand registers.
+"""Octave decode stage 1 in Gluon: 3- and 4-bit levels looked up straight into the tensor cores' operand registers.
 
 Why a second stage-1 kernel: the Triton one (decode._decode_stage1) decodes each K/V tile into a blocked layout,
 and Triton moves the levels into the dots' operand layout through shared memory. On an H200 that loop issued
@@ -18,17 +18,19 @@ Two freedoms make every load contiguous without changing the pool format:
   fragment owns k = 32 c1 + 16 c0 + 8 h + 2 t + e (e, h, c0, c1 in registers). Mapping k to the block dim
   16 t + 8 c1 + 4 c0 + 2 h + e gives lane t 16 consecutive dims: one 64-bit load per token and block.
 - V: the output's rows may come in any order, as long as the store puts them back. Lane g of a V^T fragment owns
-  rows m = 8 j + g. Mapping m to the dim 8 g + j gives lane g one 32-bit word (8 dims) per token and block.
-  The contraction over tokens pairs tokens 2t, 2t + 1 in one register, so the V lookup (PTX_4BIT_2TOK) reads
-  both tokens' words and interleaves their levels.
+  rows m = 8 j + g. Mapping m to the dim 8 g + j gives lane g one 32-bit word (8 dims) per token and 4-bit block
+  (a halfword of the 2-bit plane and a byte of the 1-bit plane of a 3-bit block: read as the words holding them).
+  The contraction over tokens pairs tokens 2t, 2t + 1 in one register, so the V lookups (PTX_4BIT_2TOK,
+  PTX_3BIT_2TOK) read both tokens' words and interleave their bytes before looking up.
 
 The lookups run on the integer ALU pipe (half rate on sm_80 and sm_90), which bounds the loop: shifts are
 written as mul.hi so that ptxas issues them on the FMA pipe (_prep, _upper), and the tables are held per lane
 (_load_lut). Softmax denominators stay per (token row, head) until the end.
 
-Scope (built and measured): octave formats whose K and V blocks are all 4-bit at head_dim 128 (octave_k3v4 with
-full RoPE), GQA groups of at most 8 q heads, one query token (q_len 1), NVIDIA GPUs with mma.sync and movmatrix
-(sm_80 and later; measured on an H200 only). Output: the partial outputs and log-sum-exps of
+Scope (built and measured): octave_k3v4 and octave_k3v3 at head_dim 128 with full RoPE (K blocks 4-bit) and at
+head_dim 256 with rotary_dim 64 (K blocks of 4, 3, 3, 3 bits), V blocks all 4-bit or all 3-bit (layout_of), GQA
+groups of at most 8 q heads, one query token (q_len 1), NVIDIA GPUs with mma.sync and movmatrix (sm_80 and later;
+measured on an H200 only). Output: the partial outputs and log-sum-exps of
 decode._decode_stage1, merged by its stage 2.
 """
 
@@ -41,20 +43,20 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from . import levels_ptx as _levels_ptx
 from .levels_ptx import _tables
 
-# The lookup constants, as asm operands: loaded once before the loop (lut_words), they stay in registers. As
-# immediates inside the asm, ptxas kept them in uniform registers and copied each into a register before every
-# use: 94 of 865 instructions of a 16-token iteration (sm_90 SASS).
-LUT_NAMES = ("hp0", "hp1", "lp0", "lp1", "k8", "i01", "i23")
+# The lookup tables, as asm operands: loaded once before the loop (lut_words), they stay in registers. As
+# constants moved into registers inside the asm, ptxas kept them in uniform registers and copied each into a
+# register before every use: 94 of 865 instructions of a 16-token iteration (sm_90 SASS). prmt's selector is
+# the one operand SASS takes as an immediate, so selectors are written as immediates.
+LUT_NAMES = ("hp0", "hp1", "lp0", "lp1", "k8")
 LUT3_NAMES = ("h0", "h1", "l0", "l1")  # the 3-bit level tables (levels_ptx._tables(3)), after LUT_NAMES
 
 
 def lut_words() -> list[int]:
     """The values of LUT_NAMES then LUT3_NAMES, in order (int32 bit patterns)."""
     t, t3 = _tables(4), _tables(3)
-    words = [t["hp0"], t["hp1"], t["lp0"], t["lp1"], 0x00008000, 0x5140, 0x7362]
+    words = [t["hp0"], t["hp1"], t["lp0"], t["lp1"], 0x00008000]
     words += [t3[n] for n in LUT3_NAMES]
     return [w - (1 << 32) if w >= 1 << 31 else w for w in words]
 
@@ -97,51 +99,109 @@ def _upper(s: str) -> str:
 
 def _ptx_4bit_one_token() -> str:
     """$4: a word of 8 packed 4-bit codes (byte p: dims 2p, 2p+1 in its low, high nibble) -> $0..$3, the bf16
-    pair of byte p (low half: the even dim). $5..$11: LUT_NAMES. levels_ptx.PTX_4BIT's lookup."""
+    pair of byte p (low half: the even dim). $5..$9: LUT_NAMES. levels_ptx.PTX_4BIT's lookup."""
     return ("{\n    .reg .b32 t, na, ma, sg, ha, la, " + ", ".join(LUT_NAMES) + ";" + _bind(5)
             + _prep("$4", "a") + _look("a") + """
-    prmt.b32 $0, la, ha, i01;
-    prmt.b32 $1, la, ha, i23;""" + _upper("a") + _look("a") + """
-    prmt.b32 $2, la, ha, i01;
-    prmt.b32 $3, la, ha, i23;
+    prmt.b32 $0, la, ha, 0x5140;
+    prmt.b32 $1, la, ha, 0x7362;""" + _upper("a") + _look("a") + """
+    prmt.b32 $2, la, ha, 0x5140;
+    prmt.b32 $3, la, ha, 0x7362;
 }""")
 
 
 def _ptx_4bit_two_tokens() -> str:
     """Two words of 8 packed 4-bit codes, $8 of token 2i and $9 of token 2i+1 (the same 8 dims; dim r at nibble
     r) -> $0..$7: register r holds the bf16 level of dim r of token 2i (low half) and of token 2i+1 (high half).
-    $10..$16: LUT_NAMES. Two more prmt per pair of outputs than the one-token lookup interleave the tokens."""
+    $10..$14: LUT_NAMES. The tokens' bytes are interleaved first (x: nibbles a0 a1 b0 b1 a2 a3 b2 b3, y: the same
+    for dims 4..7), so one lookup of 4 nibbles holds both tokens' levels of two dims and each output pair is one
+    prmt of its hi and lo bytes: 2 prmt more per 16 codes than the one-token lookup, where interleaving the
+    looked-up pairs cost 8 (measured in round 16)."""
 
-    def out(o0: str, o1: str, o2: str, o3: str) -> str:  # dims 0..3 of this half, tokens a, b interleaved
+    def out(o0: str, o1: str, s: str) -> str:  # l, h bytes: (a_r, a_r+1, b_r, b_r+1) -> (a_r|b_r), (a_r+1|b_r+1)
         return f"""
-    prmt.b32 L, la, lb, i01;
-    prmt.b32 H, ha, hb, i01;
-    prmt.b32 {o0}, L, H, i01;
-    prmt.b32 {o1}, L, H, i23;
-    prmt.b32 L, la, lb, i23;
-    prmt.b32 H, ha, hb, i23;
-    prmt.b32 {o2}, L, H, i01;
-    prmt.b32 {o3}, L, H, i23;"""
+    prmt.b32 {o0}, l{s}, h{s}, 0x6240;
+    prmt.b32 {o1}, l{s}, h{s}, 0x7351;"""
 
-    return ("{\n    .reg .b32 t, na, nb, ma, mb, sg, ha, hb, la, lb, L, H, " + ", ".join(LUT_NAMES) + ";"
-            + _bind(10) + _prep("$8", "a") + _prep("$9", "b") + _look("a") + _look("b")
-            + out("$0", "$1", "$2", "$3") + _upper("a") + _upper("b") + _look("a") + _look("b")
-            + out("$4", "$5", "$6", "$7") + "\n}")
+    return ("{\n    .reg .b32 t, x, y, nx, ny, mx, my, sg, hx, hy, lx, ly, " + ", ".join(LUT_NAMES) + ";"
+            + _bind(10) + """
+    prmt.b32 x, $8, $9, 0x5140;
+    prmt.b32 y, $8, $9, 0x7362;""" + _prep("x", "x") + _prep("y", "y")
+            + _look("x") + out("$0", "$1", "x") + _look("y") + out("$4", "$5", "y")
+            + _upper("x") + _upper("y")
+            + _look("x") + out("$2", "$3", "x") + _look("y") + out("$6", "$7", "y") + "\n}")
+
+
+def _bind3(first: int) -> str:
+    return "".join(f"\n    mov.b32 {n}, ${first + i};" for i, n in enumerate(LUT3_NAMES))
+
+
+def _group3(s: str, o0: str, o1: str) -> str:
+    """The 8-level table's hi and lo bytes of the 4 selector nibbles in the low half of s (codes x0 x1 y0 y1)
+    -> o0 = the bf16 pair (x0, y0), o1 = (x1, y1)."""
+    return f"""
+    prmt.b32 h, h0, h1, {s};
+    prmt.b32 l, l0, l1, {s};
+    prmt.b32 {o0}, l, h, 0x6240;
+    prmt.b32 {o1}, l, h, 0x7351;"""
+
+
+def _selectors3(w2: str, p1: str) -> str:
+    """Selector words se (nibble n: the 3-bit code of dim 2n) and so (of dim 2n + 1) of 16 codes: w2 holds their
+    2-bit fields (dim j at bits 2j, 2j + 1), p1 their high bits spread to 4 per byte (byte k: dims 4k..4k+3 at
+    bits 0..3, bits 4..7 clear). The 1-bit fields go to 2 per nibble (nibble n: dims 2n, 2n + 1), then each into
+    bit 2 of its selector. Shifts are multiplies (the FMA pipe), and-or pairs fuse into lop3."""
+    return f"""
+    and.b32 se, {w2}, 0x33333333;
+    mul.hi.u32 so, {w2}, 0x40000000;
+    and.b32 so, so, 0x33333333;
+    mul.lo.u32 t, {p1}, 4;
+    or.b32 z, {p1}, t;
+    and.b32 z, z, 0x33333333;
+    mul.lo.u32 t, z, 4;
+    and.b32 t, t, 0x44444444;
+    or.b32 se, se, t;
+    mul.lo.u32 t, z, 2;
+    and.b32 t, t, 0x44444444;
+    or.b32 so, so, t;"""
 
 
 def _ptx_3bit_planes() -> str:
-    """levels_ptx's 3-bit planes lookup (a 2-bit plane word $8 and the 1-bit plane's 16 bits $9 of 16 dims ->
-    $0..$7, the bf16 pairs of dims 2p, 2p + 1) with its level tables as operands $10..$13 (LUT3_NAMES)."""
-    text = _levels_ptx._ptx_3bit_planes()
-    t3 = _tables(3)
-    for i, name in enumerate(LUT3_NAMES):
-        line = f"mov.b32 {name}, {t3[name]:#010x};"
-        assert line in text, line
-        text = text.replace(line, f"mov.b32 {name}, ${10 + i};")
-    return text
+    """levels_ptx.PTX_3BIT_PLANES's lookup (16 codes of a 3-bit block: $8 a word of the 2-bit plane, dim j at
+    bits 2j..2j+1, $9 the 1-bit plane's 16 bits of the same dims -> $0..$7, the bf16 pairs of dims 2p, 2p + 1),
+    with its level tables as operands $10..$13 (LUT3_NAMES), selectors as immediates and shifts as multiplies.
+    The byte-interleaving prmt of se and so gives words whose halves hold dims (4g, 4g+2, 4g+1, 4g+3)."""
+    return ("{\n    .reg .b32 t, z, p, se, so, a, b, h, l, " + ", ".join(LUT3_NAMES) + ";" + _bind3(10) + """
+    prmt.b32 p, $9, 0, 0x4140;
+    mul.lo.u32 t, p, 16;
+    or.b32 p, p, t;
+    and.b32 p, p, 0x0F0F0F0F;""" + _selectors3("$8", "p") + """
+    prmt.b32 a, se, so, 0x5140;
+    prmt.b32 b, se, so, 0x7362;""" + _group3("a", "$0", "$1") + """
+    mul.hi.u32 a, a, 0x10000;""" + _group3("a", "$2", "$3") + _group3("b", "$4", "$5") + """
+    mul.hi.u32 b, b, 0x10000;""" + _group3("b", "$6", "$7") + "\n}")
+
+
+def _ptx_3bit_two_tokens() -> str:
+    """The 3-bit V lookup: 8 dims of two tokens -> $0..$7, register r the bf16 levels of dim r of token 2i (low
+    half) and of token 2i+1 (high half). $8, $9: the 2-bit plane's words of token 2i, 2i+1 holding those dims'
+    16 bits (dim r at bits 2r, 2r+1 of halfword h); $10, $11: the 1-bit plane's words holding their byte j (dim
+    r at bit r); $12 = 0x5140 + 0x2222 h, $13 = 0x4040 + 0x1111 j: the prmt selectors that pick them. $14..$17:
+    LUT3_NAMES. The tokens' bytes are interleaved first (2-bit fields: a0-3 b0-3 a4-7 b4-7; high bits: byte k
+    the same order), so each selector nibble pair of a lookup holds dims (r, r + 2) of both tokens and each
+    output pair is one prmt."""
+    return ("{\n    .reg .b32 t, z, w, p, q, se, so, h, l, " + ", ".join(LUT3_NAMES) + ";" + _bind3(14) + """
+    prmt.b32 w, $8, $9, $12;
+    prmt.b32 q, $10, $11, $13;
+    mul.hi.u32 t, q, 0x10000000;
+    and.b32 p, q, 0x00000F0F;
+    and.b32 t, t, 0x0F0F0000;
+    or.b32 p, p, t;""" + _selectors3("w", "p") + _group3("se", "$0", "$2") + _group3("so", "$1", "$3") + """
+    mul.hi.u32 se, se, 0x10000;
+    mul.hi.u32 so, so, 0x10000;""" + _group3("se", "$4", "$6") + _group3("so", "$5", "$7") + "\n}")
 
 
 PTX_3BIT_PLANES: gl.constexpr = gl.constexpr(_ptx_3bit_planes())
+PTX_3BIT_2TOK: gl.constexpr = gl.constexpr(_ptx_3bit_two_tokens())
 PTX_4BIT_1TOK: gl.constexpr = gl.constexpr(_ptx_4bit_one_token())
 PTX_4BIT_2TOK: gl.constexpr = gl.constexpr(_ptx_4bit_two_tokens())
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -157,31 +217,51 @@ def _halves(pair):
 
 
 @gluon.jit
-def _rows(idx, n0, s1, offs, stride, WIDE: gl.constexpr):
-    """Row offsets (in the plane's 32-bit words) of tokens n0 + offs: slot * stride; tokens at or past s1 read
-    slot 0 (any finite codes: masked where they matter). ok: which tokens are before s1."""
-    ok = (n0 + offs) < s1
-    slot = gl.load(idx + n0 + offs, mask=ok, other=0)
-    if WIDE:
-        off = slot.to(gl.int64) * stride
-    else:
-        off = slot.to(gl.int32) * stride
-    return off, ok
+def _slots(idx, n0, s1, kn, vn, cn):
+    """The pool slots of tokens n0.. in the three layouts a tile's loads use (K words, V words, the scores' rows),
+    as int32; tokens at or past s1 read slot 0 (any finite codes: masked where they matter)."""
+    k = gl.load(idx + n0 + kn, mask=(n0 + kn) < s1, other=0).to(gl.int32)
+    v = gl.load(idx + n0 + vn, mask=(n0 + vn) < s1, other=0).to(gl.int32)
+    c = gl.load(idx + n0 + cn, mask=(n0 + cn) < s1, other=0).to(gl.int32)
+    return k, v, c
 
 
 @gluon.jit
-def _load_tile(idx, n0, s1, kn, vn, cn, kc_w, vc_w, ks_w, vs_w, kc_stride, vc_stride, ks_stride, vs_stride,
+def _rows(slot, stride, WIDE: gl.constexpr):
+    """Row offsets (in the plane's 32-bit words): slot * stride, in int64 if WIDE."""
+    if WIDE:
+        return slot.to(gl.int64) * stride
+    else:
+        return slot * stride
+
+
+@gluon.jit
+def _load_v3(vc_w, v_row, vw, b: gl.constexpr):
+    """3-bit V block b of the tokens of v_row (their rows, in words): lane g (V_WORDS) needs the 2-bit plane's
+    halfword g and the 1-bit plane's byte g (dims 8 g .. 8 g + 7) and loads the words holding them; the lookup
+    picks them out with per-lane selectors (_v3_operand_a). Narrower loads cost a conversion instruction each. A
+    3-bit block is 6 words: the 2-bit plane's 4, then the 1-bit plane's 2."""
+    p2 = vc_w + v_row[:, None] + (6 * b + (vw >> 1))[None, :]
+    p1 = vc_w + v_row[:, None] + (6 * b + 4 + (vw >> 2))[None, :]
+    return gl.load(p2), gl.load(p1)
+
+
+@gluon.jit
+def _load_tile(slots, n0, s1, cn, kc_w, vc_w, ks_w, vs_w, kc_stride, vc_stride, ks_stride, vs_stride,
                K_WORDS: gl.constexpr, K3_WORDS: gl.constexpr, V_WORDS: gl.constexpr, D256: gl.constexpr,
-               WIDE: gl.constexpr):
-    """The words one iteration reads, each in the lanes that use it (strides in 32-bit words; past s1 slot 0).
+               V3: gl.constexpr, WIDE: gl.constexpr):
+    """The words one iteration reads (tokens n0..; slots: _slots'), each in the lanes that use it (strides in
+    32-bit words).
     D128 (two 4-bit blocks): K [N, 8] per block (K_WORDS), V [N, 8] per block (V_WORDS), the K and V scale
     words [N] (two fp16 each; the scores' rows). D256 (K: a 4-bit block then three 3-bit ones, V: four 4-bit
     blocks): K block 0 [N, 8], each 3-bit block's 2-bit plane [N, 4] words and 1-bit plane [N, 4] halfwords
-    (K3_WORDS), V [N, 8] per block, two K and two V scale words [N]."""
-    k_row, _ = _rows(idx, n0, s1, kn, kc_stride, WIDE)
-    v_row, _ = _rows(idx, n0, s1, vn, vc_stride, WIDE)
-    c_k, c_ok = _rows(idx, n0, s1, cn, ks_stride, WIDE)
-    c_v, _ = _rows(idx, n0, s1, cn, vs_stride, WIDE)
+    (K3_WORDS), V [N, 8] per block, two K and two V scale words [N]. V3 (3-bit V blocks): each V block as
+    _load_v3's two [N, 8] word tensors."""
+    k_row = _rows(slots[0], kc_stride, WIDE)
+    v_row = _rows(slots[1], vc_stride, WIDE)
+    c_k = _rows(slots[2], ks_stride, WIDE)
+    c_v = _rows(slots[2], vs_stride, WIDE)
+    c_ok = (n0 + cn) < s1
     kw = gl.arange(0, 8, layout=gl.SliceLayout(0, K_WORDS))
     vw = gl.arange(0, 8, layout=gl.SliceLayout(0, V_WORDS))
     k_ptr = kc_w + k_row[:, None] + kw[None, :]
@@ -193,13 +273,22 @@ def _load_tile(idx, n0, s1, kn, vn, cn, kc_w, vc_w, ks_w, vs_w, kc_stride, vc_st
         t = gl.arange(0, 4, layout=gl.SliceLayout(0, K3_WORDS))
         p2 = kc_w + k3_row[:, None] + t[None, :]  # block b (1..3): 2-bit plane at word 8 + 6 (b - 1)
         p1 = kc_w.to(gl.pointer_type(gl.int16)) + 2 * k3_row[:, None] + t[None, :]  # 1-bit plane: halfword 24 + 12 (b - 1)
-        tile = (gl.load(k_ptr), gl.load(p2 + 8), gl.load(p1 + 24), gl.load(p2 + 14), gl.load(p1 + 36),
-                gl.load(p2 + 20), gl.load(p1 + 48), gl.load(v_ptr), gl.load(v_ptr + 8), gl.load(v_ptr + 16),
-                gl.load(v_ptr + 24), gl.load(ks_p, mask=c_ok, other=0), gl.load(ks_p + 1, mask=c_ok, other=0),
-                gl.load(vs_p, mask=c_ok, other=0), gl.load(vs_p + 1, mask=c_ok, other=0))
+        k_part = (gl.load(k_ptr), gl.load(p2 + 8), gl.load(p1 + 24), gl.load(p2 + 14), gl.load(p1 + 36),
+                  gl.load(p2 + 20), gl.load(p1 + 48))
+        if V3:
+            v_part = _load_v3(vc_w, v_row, vw, 0) + _load_v3(vc_w, v_row, vw, 1) + _load_v3(vc_w, v_row, vw, 2) \
+                + _load_v3(vc_w, v_row, vw, 3)
+        else:
+            v_part = (gl.load(v_ptr), gl.load(v_ptr + 8), gl.load(v_ptr + 16), gl.load(v_ptr + 24))
+        tile = k_part + v_part + (gl.load(ks_p, mask=c_ok, other=0), gl.load(ks_p + 1, mask=c_ok, other=0),
+                                  gl.load(vs_p, mask=c_ok, other=0), gl.load(vs_p + 1, mask=c_ok, other=0))
     else:
-        tile = (gl.load(k_ptr), gl.load(k_ptr + 8), gl.load(v_ptr), gl.load(v_ptr + 8),
-                gl.load(ks_p, mask=c_ok, other=0), gl.load(vs_p, mask=c_ok, other=0))
+        if V3:
+            v_part = _load_v3(vc_w, v_row, vw, 0) + _load_v3(vc_w, v_row, vw, 1)
+        else:
+            v_part = (gl.load(v_ptr), gl.load(v_ptr + 8))
+        tile = (gl.load(k_ptr), gl.load(k_ptr + 8)) + v_part + (gl.load(ks_p, mask=c_ok, other=0),
+                                                              gl.load(vs_p, mask=c_ok, other=0))
     return tile
 
 
@@ -224,7 +313,7 @@ PTX_PER_LANE: gl.constexpr = gl.constexpr("""{
     xor.b32 $0, $1, l;
 }""")
 LUT_LANE_ZEROS = 32
-LUT_ZEROS_AT: gl.constexpr = gl.constexpr(11)  # len(lut_words())
+LUT_ZEROS_AT: gl.constexpr = gl.constexpr(9)  # len(lut_words())
 
 
 @gluon.jit
@@ -234,20 +323,19 @@ def _per_lane(x, zeros):
 
 @gluon.jit
 def _load_lut(lut_ptr):
-    """LUT_NAMES' words (lut_ptr[0:7]), each held in a register of every lane (PTX_PER_LANE; the zeros are at
+    """LUT_NAMES' words (lut_ptr[0:5]), each held in a register of every lane (PTX_PER_LANE; the zeros are at
     lut_ptr[LUT_ZEROS_AT:])."""
     z = (lut_ptr + LUT_ZEROS_AT).to(gl.int64, bitcast=True)
     return (_per_lane(gl.load(lut_ptr), z), _per_lane(gl.load(lut_ptr + 1), z), _per_lane(gl.load(lut_ptr + 2), z),
-            _per_lane(gl.load(lut_ptr + 3), z), _per_lane(gl.load(lut_ptr + 4), z),
-            _per_lane(gl.load(lut_ptr + 5), z), _per_lane(gl.load(lut_ptr + 6), z))
+            _per_lane(gl.load(lut_ptr + 3), z), _per_lane(gl.load(lut_ptr + 4), z))
 
 
 @gluon.jit
 def _load_lut3(lut_ptr):
-    """LUT3_NAMES' words (lut_ptr[7:11]), per lane as _load_lut's."""
+    """LUT3_NAMES' words (lut_ptr[5:9]), per lane as _load_lut's."""
     z = (lut_ptr + LUT_ZEROS_AT).to(gl.int64, bitcast=True)
-    return (_per_lane(gl.load(lut_ptr + 7), z), _per_lane(gl.load(lut_ptr + 8), z),
-            _per_lane(gl.load(lut_ptr + 9), z), _per_lane(gl.load(lut_ptr + 10), z))
+    return (_per_lane(gl.load(lut_ptr + 5), z), _per_lane(gl.load(lut_ptr + 6), z),
+            _per_lane(gl.load(lut_ptr + 7), z), _per_lane(gl.load(lut_ptr + 8), z))
 
 
 PTX_MOVMATRIX_T: gl.constexpr = gl.constexpr("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;")
@@ -256,8 +344,8 @@ PTX_MOVMATRIX_T: gl.constexpr = gl.constexpr("movmatrix.sync.aligned.m8n8.trans.
 @gluon.jit
 def _k_operand_a(words, lut, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr):
     """_k_operand's levels as the left operand: bf16 [BLOCK_N, 64], row = token, column k as there."""
-    o0, o1, o2, o3 = gl.inline_asm_elementwise(PTX_4BIT_1TOK, "=r,=r,=r,=r,r,r,r,r,r,r,r,r",
-                                               [words, lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6]],
+    o0, o1, o2, o3 = gl.inline_asm_elementwise(PTX_4BIT_1TOK, "=r,=r,=r,=r,r,r,r,r,r,r",
+                                               [words, lut[0], lut[1], lut[2], lut[3], lut[4]],
                                                dtype=(gl.int32,) * 4, is_pure=True, pack=1)
     a0 = gl.join(*_halves(o0))
     a1 = gl.join(*_halves(o1))
@@ -308,13 +396,43 @@ def _v_operand_a(words, lut, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr):
     w = gl.permute(gl.reshape(words, [BLOCK_N // 2, 2, 8]), [0, 2, 1])
     w0, w1 = gl.split(w)
     o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-        PTX_4BIT_2TOK, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r",
-        [w0, w1, lut[0], lut[1], lut[2], lut[3], lut[4], lut[5], lut[6]], dtype=(gl.int32,) * 8,
+        PTX_4BIT_2TOK, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r",
+        [w0, w1, lut[0], lut[1], lut[2], lut[3], lut[4]], dtype=(gl.int32,) * 8,
         is_pure=True, pack=1)
     z = _levels8(o0, o1, o2, o3, o4, o5, o6, o7)  # [N / 2 (i), 8 (g), 2 (e), j2, j1, j0]
     z = gl.permute(z, [3, 4, 5, 1, 0, 2])  # (j2, j1, j0, g, i, e)
     z = gl.reshape(z, [64, BLOCK_N])
     return gl.convert_layout(z, A_LAYOUT)
+
+
+@gluon.jit
+def _v3_operand_a(plane2, plane1, lut3, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr):
+    """A 3-bit V block's levels as _v_operand_a's: plane2, plane1 int32 [BLOCK_N, 8] (column g: the words holding
+    dims 8 g .. 8 g + 7, _load_v3), looked up two tokens at a time (PTX_3BIT_2TOK)."""
+    a2, b2 = gl.split(gl.permute(gl.reshape(plane2, [BLOCK_N // 2, 2, 8]), [0, 2, 1]))
+    a1, b1 = gl.split(gl.permute(gl.reshape(plane1, [BLOCK_N // 2, 2, 8]), [0, 2, 1]))
+    g = gl.arange(0, 8, layout=gl.SliceLayout(0, a2.type.layout))
+    sel2 = gl.zeros_like(a2) + (0x5140 + (g & 1) * 0x2222)[None, :]  # halfword g & 1 of each token, interleaved
+    sel1 = gl.zeros_like(a2) + (0x4040 + (g & 3) * 0x1111)[None, :]  # byte g & 3 of each token, twice
+    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+        PTX_3BIT_2TOK, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r",
+        [a2, b2, a1, b1, sel2, sel1, lut3[0], lut3[1], lut3[2], lut3[3]], dtype=(gl.int32,) * 8, is_pure=True,
+        pack=1)
+    z = _levels8(o0, o1, o2, o3, o4, o5, o6, o7)  # [N / 2 (i), 8 (g), 2 (e), j2, j1, j0]
+    z = gl.permute(z, [3, 4, 5, 1, 0, 2])  # (j2, j1, j0, g, i, e)
+    z = gl.reshape(z, [64, BLOCK_N])
+    return gl.convert_layout(z, A_LAYOUT)
+
+
+@gluon.jit
+def _v_block(tile, first: gl.constexpr, b: gl.constexpr, lut, lut3, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr,
+             V3: gl.constexpr):
+    """V block b's left operand from the tile's V entries (from tile[first] on: a word tensor per 4-bit block,
+    two planes per 3-bit block)."""
+    if V3:
+        return _v3_operand_a(tile[first + 2 * b], tile[first + 2 * b + 1], lut3, BLOCK_N, A_LAYOUT)
+    else:
+        return _v_operand_a(tile[first + b], lut, BLOCK_N, A_LAYOUT)
 
 
 @gluon.jit
@@ -359,16 +477,55 @@ def _load_q(q_ptr, q_off, q_mask, d0, qk_scale):
 
 
 @gluon.jit
+def _step(cur, n0, s1, cn, lut, lut3, q, m_i, l_acc, o, BLOCK_N: gl.constexpr, MMA: gl.constexpr,
+          A_OP: gl.constexpr, B_OP: gl.constexpr, D256: gl.constexpr, V3: gl.constexpr):
+    """One tile (_load_tile's words `cur`, tokens n0..) into the running softmax and outputs o (one [64, 8]
+    accumulator per block). Every operand is decoded before the softmax: one basic block for ptxas to interleave
+    the V lookups with the scores' reductions."""
+    c_ok = (n0 + cn) < s1
+    zero = gl.zeros([BLOCK_N, 8], gl.float32, layout=MMA)
+    if D256:
+        S0: gl.constexpr = 15 if V3 else 11  # the scale words after K's 7 and V's 4 or 8 entries
+        ks0, ks1 = _scale_pair(cur[S0])
+        ks2, ks3 = _scale_pair(cur[S0 + 1])
+        vs0, vs1 = _scale_pair(cur[S0 + 2])
+        vs2, vs3 = _scale_pair(cur[S0 + 3])
+        s = mma_v2(_k_operand_a(cur[0], lut, BLOCK_N, A_OP), q[0], zero) * ks0[:, None]
+        s += mma_v2(_k3_operand_a(cur[1], cur[2], lut3, BLOCK_N, A_OP), q[1], zero) * ks1[:, None]
+        s += mma_v2(_k3_operand_a(cur[3], cur[4], lut3, BLOCK_N, A_OP), q[2], zero) * ks2[:, None]
+        s += mma_v2(_k3_operand_a(cur[5], cur[6], lut3, BLOCK_N, A_OP), q[3], zero) * ks3[:, None]
+        v_a0 = _v_block(cur, 7, 0, lut, lut3, BLOCK_N, A_OP, V3)
+        v_a1 = _v_block(cur, 7, 1, lut, lut3, BLOCK_N, A_OP, V3)
+        v_a2 = _v_block(cur, 7, 2, lut, lut3, BLOCK_N, A_OP, V3)
+        v_a3 = _v_block(cur, 7, 3, lut, lut3, BLOCK_N, A_OP, V3)
+        p, alpha, m_i, l_acc = _softmax_step(s, c_ok, m_i, l_acc)
+        o = (_pv(v_a0, p, vs0, o[0], alpha, BLOCK_N, B_OP), _pv(v_a1, p, vs1, o[1], alpha, BLOCK_N, B_OP),
+             _pv(v_a2, p, vs2, o[2], alpha, BLOCK_N, B_OP), _pv(v_a3, p, vs3, o[3], alpha, BLOCK_N, B_OP))
+    else:
+        S0: gl.constexpr = 6 if V3 else 4  # the scale words after K's 2 and V's 2 or 4 entries
+        ks0, ks1 = _scale_pair(cur[S0])
+        vs0, vs1 = _scale_pair(cur[S0 + 1])
+        k_a0 = _k_operand_a(cur[0], lut, BLOCK_N, A_OP)
+        k_a1 = _k_operand_a(cur[1], lut, BLOCK_N, A_OP)
+        v_a0 = _v_block(cur, 2, 0, lut, lut3, BLOCK_N, A_OP, V3)
+        v_a1 = _v_block(cur, 2, 1, lut, lut3, BLOCK_N, A_OP, V3)
+        s = mma_v2(k_a0, q[0], zero) * ks0[:, None] + mma_v2(k_a1, q[1], zero) * ks1[:, None]
+        p, alpha, m_i, l_acc = _softmax_step(s, c_ok, m_i, l_acc)
+        o = (_pv(v_a0, p, vs0, o[0], alpha, BLOCK_N, B_OP), _pv(v_a1, p, vs1, o[1], alpha, BLOCK_N, B_OP))
+    return m_i, l_acc, o
+
+
+@gluon.jit
 def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_indices, num_kv_splits,
                        mid_o, mid_lse, sm_scale, lut_ptr,
                        stride_kc_slot, stride_kc_head, stride_ks_slot, stride_ks_head,
                        stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
                        stride_q_b, stride_q_h, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
                        GROUP: gl.constexpr, BLOCK_N: gl.constexpr, MIN_BLOCK: gl.constexpr, WIDE: gl.constexpr,
-                       D256: gl.constexpr = False, SPLIT_MUL: gl.constexpr = 1):
+                       D256: gl.constexpr = False, SPLIT_MUL: gl.constexpr = 1, V3: gl.constexpr = False):
     """One program per (request, KV head, split); request b runs num_kv_splits[b] * SPLIT_MUL splits. D256:
-    octave_k3v4 at head_dim 256 (K: a 4-bit block, three 3-bit ones), else at 128 (two 4-bit blocks). WIDE: row
-    offsets in int64 (planes of 2^31 words or more)."""
+    head_dim 256 (K: a 4-bit block, three 3-bit ones), else 128 (two 4-bit K blocks). V3: 3-bit V blocks
+    (octave_k3v3), else 4-bit (octave_k3v4). WIDE: row offsets in int64 (planes of 2^31 words or more)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     A_OP: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     B_OP: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
@@ -402,12 +559,15 @@ def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, k
         if D256:
             q2 = _load_q(q_ptr, q_off, q_mask, 128, qk_scale)
             q3 = _load_q(q_ptr, q_off, q_mask, 192, qk_scale)
+        lut = _load_lut(lut_ptr)
+        if D256 or V3:
             lut3 = _load_lut3(lut_ptr)
+        else:
+            lut3 = lut  # not read: only 3-bit blocks use lut3
 
         kn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, K_WORDS))
         vn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, V_WORDS))
         cn = gl.arange(0, BLOCK_N, layout=TOKS)
-        lut = _load_lut(lut_ptr)
         m_i = gl.full([8], float("-inf"), gl.float32, layout=HEADS)
         l_acc = gl.zeros([BLOCK_N, 8], gl.float32, layout=MMA)
         o0 = gl.zeros([64, 8], gl.float32, layout=MMA)
@@ -419,50 +579,29 @@ def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, k
         # words (launch_stage1 asserts it), which lets K's two-word loads be vectorised
         kc_w = k_codes.to(gl.pointer_type(gl.int32)) + gl.multiple_of(kv_head * (stride_kc_head // 4), 2)
         vc_w = v_codes.to(gl.pointer_type(gl.int32)) + gl.multiple_of(kv_head * (stride_vc_head // 4), 2)
+        vc_stride = stride_vc_slot // 4
         ks_w = (k_scales + kv_head * stride_ks_head).to(gl.pointer_type(gl.int32))
         vs_w = (v_scales + kv_head * stride_vs_head).to(gl.pointer_type(gl.int32))
         idx = kv_indices + kv_start
-        tile = _load_tile(idx, s0, s1, kn, vn, cn, kc_w, vc_w, ks_w, vs_w, stride_kc_slot // 4, stride_vc_slot // 4,
-                          stride_ks_slot // 2, stride_vs_slot // 2, K_WORDS, K3_WORDS, V_WORDS, D256, WIDE)
+        if D256:
+            q = (q0, q1, q2, q3)
+            o = (o0, o1, o2, o3)
+        else:
+            q = (q0, q1)
+            o = (o0, o1)
+        tile = _load_tile(_slots(idx, s0, s1, kn, vn, cn), s0, s1, cn, kc_w, vc_w, ks_w, vs_w, stride_kc_slot // 4,
+                          vc_stride, stride_ks_slot // 2, stride_vs_slot // 2, K_WORDS, K3_WORDS, V_WORDS, D256, V3,
+                          WIDE)
         for n0 in range(s0, s1, BLOCK_N):
             cur = tile
-            # the next tile's loads in flight while this one is computed (measured: 175 -> 166 us at batch 8 x 32k)
-            tile = _load_tile(idx, n0 + BLOCK_N, s1, kn, vn, cn, kc_w, vc_w, ks_w, vs_w, stride_kc_slot // 4,
-                              stride_vc_slot // 4, stride_ks_slot // 2, stride_vs_slot // 2, K_WORDS, K3_WORDS,
-                              V_WORDS, D256, WIDE)
-            c_ok = (n0 + cn) < s1
-            zero = gl.zeros([BLOCK_N, 8], gl.float32, layout=MMA)
-            # every operand decoded before the softmax: one basic block for ptxas to interleave the V lookups with
-            # the scores' reductions
-            if D256:
-                ks0, ks1 = _scale_pair(cur[11])
-                ks2, ks3 = _scale_pair(cur[12])
-                vs0, vs1 = _scale_pair(cur[13])
-                vs2, vs3 = _scale_pair(cur[14])
-                s = mma_v2(_k_operand_a(cur[0], lut, BLOCK_N, A_OP), q0, zero) * ks0[:, None]
-                s += mma_v2(_k3_operand_a(cur[1], cur[2], lut3, BLOCK_N, A_OP), q1, zero) * ks1[:, None]
-                s += mma_v2(_k3_operand_a(cur[3], cur[4], lut3, BLOCK_N, A_OP), q2, zero) * ks2[:, None]
-                s += mma_v2(_k3_operand_a(cur[5], cur[6], lut3, BLOCK_N, A_OP), q3, zero) * ks3[:, None]
-                v_a0 = _v_operand_a(cur[7], lut, BLOCK_N, A_OP)
-                v_a1 = _v_operand_a(cur[8], lut, BLOCK_N, A_OP)
-                v_a2 = _v_operand_a(cur[9], lut, BLOCK_N, A_OP)
-                v_a3 = _v_operand_a(cur[10], lut, BLOCK_N, A_OP)
-                p, alpha, m_i, l_acc = _softmax_step(s, c_ok, m_i, l_acc)
-                o0 = _pv(v_a0, p, vs0, o0, alpha, BLOCK_N, B_OP)
-                o1 = _pv(v_a1, p, vs1, o1, alpha, BLOCK_N, B_OP)
-                o2 = _pv(v_a2, p, vs2, o2, alpha, BLOCK_N, B_OP)
-                o3 = _pv(v_a3, p, vs3, o3, alpha, BLOCK_N, B_OP)
-            else:
-                ks0, ks1 = _scale_pair(cur[4])
-                vs0, vs1 = _scale_pair(cur[5])
-                k_a0 = _k_operand_a(cur[0], lut, BLOCK_N, A_OP)
-                k_a1 = _k_operand_a(cur[1], lut, BLOCK_N, A_OP)
-                v_a0 = _v_operand_a(cur[2], lut, BLOCK_N, A_OP)
-                v_a1 = _v_operand_a(cur[3], lut, BLOCK_N, A_OP)
-                s = mma_v2(k_a0, q0, zero) * ks0[:, None] + mma_v2(k_a1, q1, zero) * ks1[:, None]
-                p, alpha, m_i, l_acc = _softmax_step(s, c_ok, m_i, l_acc)
-                o0 = _pv(v_a0, p, vs0, o0, alpha, BLOCK_N, B_OP)
-                o1 = _pv(v_a1, p, vs1, o1, alpha, BLOCK_N, B_OP)
+            # the next tile's loads in flight while this one is computed (measured: 175 -> 166 us at batch 8 x 32k).
+            # ptxas then copies the loaded words into the loop-carried registers at the end of the iteration, and
+            # that copy waits for the loads (15 % of the stall samples, round 16); unrolled by two the copies go,
+            # but the time did not improve (d128 160 vs 161 us, d256 182 vs 163 at batch 8 x 32k).
+            tile = _load_tile(_slots(idx, n0 + BLOCK_N, s1, kn, vn, cn), n0 + BLOCK_N, s1, cn, kc_w, vc_w, ks_w, vs_w,
+                              stride_kc_slot // 4, vc_stride, stride_ks_slot // 2, stride_vs_slot // 2, K_WORDS,
+                              K3_WORDS, V_WORDS, D256, V3, WIDE)
+            m_i, l_acc, o = _step(cur, n0, s1, cn, lut, lut3, q, m_i, l_acc, o, BLOCK_N, MMA, A_OP, B_OP, D256, V3)
 
         # the softmax denominators stayed per (token row, head) until here: no cross-lane sum per tile
         l_i = gl.sum(l_acc, axis=0)
@@ -471,11 +610,11 @@ def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, k
         heads = kv_head * GROUP + oh
         h_ok = oh < GROUP
         offs = batch * stride_mo_b + heads.to(gl.int64) * stride_mo_h + split * stride_mo_s
-        _store_block(mid_o, o0, inv, offs, h_ok, 0)
-        _store_block(mid_o, o1, inv, offs, h_ok, 64)
+        _store_block(mid_o, o[0], inv, offs, h_ok, 0)
+        _store_block(mid_o, o[1], inv, offs, h_ok, 64)
         if D256:
-            _store_block(mid_o, o2, inv, offs, h_ok, 128)
-            _store_block(mid_o, o3, inv, offs, h_ok, 192)
+            _store_block(mid_o, o[2], inv, offs, h_ok, 128)
+            _store_block(mid_o, o[3], inv, offs, h_ok, 192)
         lse = (m_i + gl.log2(l_i)) * LN2
         gl.store(mid_lse + batch * stride_ml_b + heads * stride_ml_h + split, lse, mask=h_ok)
 
@@ -500,8 +639,9 @@ def supported(fmt, group: int, q_len: int, x) -> str | None:
     if tables.format_kind(fmt) != tables.FMT_OCTAVE:
         return f"{fmt.name} is not an octave format"
     if layout_of(fmt) is None:
-        return (f"only octave_k3v4 at head_dim 128 (4-bit K and V blocks) or 256 with rotary_dim 64 (K blocks of 4, "
-                f"3, 3, 3 bits) (got {fmt.name} at head_dim {fmt.head_dim}, K bits {fmt.k_bits}, V bits {fmt.v_bits})")
+        return (f"only octave_k3v4 / octave_k3v3 at head_dim 128 (4-bit K blocks) or 256 with rotary_dim 64 (K blocks "
+                f"of 4, 3, 3, 3 bits), V blocks all 4-bit or all 3-bit (got {fmt.name} at head_dim {fmt.head_dim}, "
+                f"K bits {fmt.k_bits}, V bits {fmt.v_bits})")
     if q_len != 1:
         return "only one query token per request"
     if group > 8:
@@ -514,12 +654,12 @@ def supported(fmt, group: int, q_len: int, x) -> str | None:
 
 
 def layout_of(fmt) -> str | None:
-    """"d128" / "d256": the block layouts the kernel reads; None for any other."""
-    if fmt.head_dim == 128 and fmt.k_bits == (4, 4) and fmt.v_bits == (4, 4):
-        return "d128"
-    if fmt.head_dim == 256 and fmt.k_bits == (4, 3, 3, 3) and fmt.v_bits == (4, 4, 4, 4):
-        return "d256"
-    return None
+    """"d128" / "d256" (4-bit V), "d128v3" / "d256v3" (3-bit V): the block layouts the kernel reads; None for
+    any other."""
+    k_bits = {128: (4, 4), 256: (4, 3, 3, 3)}.get(fmt.head_dim)
+    if k_bits is None or fmt.k_bits != k_bits or len(set(fmt.v_bits)) != 1 or fmt.v_bits[0] not in (3, 4):
+        return None
+    return f"d{fmt.head_dim}" + ("v3" if fmt.v_bits[0] == 3 else "")
 
 
 def default_for(fmt, group: int, q_len: int, x) -> bool:
@@ -536,7 +676,10 @@ def launch_stage1(grid, q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_spli
     4-byte boundaries."""
     assert group <= 8, group
     assert block_n in (16, 32, 64), block_n
-    d256 = q_in.shape[-1] == 256
+    d = q_in.shape[-1]
+    d256 = d == 256
+    assert vc.shape[-1] in (d // 2, d * 3 // 8), (vc.shape, d)  # 4-bit or 3-bit V code rows
+    v3 = vc.shape[-1] == d * 3 // 8
     # rows of whole 64-bit words (K's two-word loads), scale pairs on 4-byte boundaries
     assert kc.stride(0) % 8 == 0 and kc.stride(1) % 8 == 0 and vc.stride(0) % 8 == 0 and vc.stride(1) % 8 == 0
     assert ks.stride(0) % 2 == 0 and ks.stride(1) % 2 == 0 and vs.stride(0) % 2 == 0 and vs.stride(1) % 2 == 0
@@ -547,7 +690,7 @@ def launch_stage1(grid, q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_spli
             vc.stride(1), vs.stride(0), vs.stride(1), q_in.stride(0), q_in.stride(1), mid_o.stride(0),
             mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
     consts = {"GROUP": group, "BLOCK_N": block_n, "MIN_BLOCK": min_block, "WIDE": wide, "D256": d256,
-              "SPLIT_MUL": split_mul, "num_warps": 1}
+              "SPLIT_MUL": split_mul, "V3": v3, "num_warps": 1}
     if warmup:
         kernel = _decode_stage1_mma.warmup(*args, grid=(1,), **consts)
         return kernel.result() if hasattr(kernel, "result") else kernel

@@ -1,5 +1,5 @@
 """A small emulator of the PTX instructions our inline-asm helpers use (mov, and, or, xor, not, add.u32, sub.u32,
-mul.hi.u32, shr.u32, shl.b32, prmt in its default mode, lop3, sub.rn.f16x2), so their instruction text can be checked exhaustively on
+mul.hi.u32, mul.lo.u32, shr.u32, shl.b32, prmt in its default mode, lop3, sub.rn.f16x2), so their instruction text can be checked exhaustively on
 the CPU."""
 
 import torch
@@ -53,6 +53,8 @@ def run(asm: str, inputs: list[int], num_out: int) -> list[int]:
             regs[a[0]] = (val(a[1]) - val(a[2])) & M32
         elif op == "add.u32":
             regs[a[0]] = (val(a[1]) + val(a[2])) & M32
+        elif op == "mul.lo.u32":
+            regs[a[0]] = ((val(a[1]) & M32) * (val(a[2]) & M32)) & M32
         elif op == "mul.hi.u32":
             regs[a[0]] = ((val(a[1]) & M32) * (val(a[2]) & M32)) >> 32
         elif op == "xor.b32":

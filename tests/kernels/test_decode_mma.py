@@ -48,10 +48,33 @@ def test_two_token_lookup_interleaves_the_tokens_levels():
             assert outs[r] == expect, f"dim {r} of {a:#010x}, {b:#010x}: {outs[r]:#010x} != {expect:#010x}"
 
 
+def test_three_bit_two_token_lookup_interleaves_the_tokens_levels():
+    t = torch.tensor(LEVELS[3], dtype=torch.float32).to(torch.bfloat16).view(torch.int16)
+    want = [int(x) & 0xFFFF for x in t]
+    rng = random.Random(2)
+    cases = [(rng.getrandbits(16), rng.getrandbits(16), rng.getrandbits(8), rng.getrandbits(8)) for _ in range(200)]
+    # every code in every dim of both tokens
+    cases += [(sum((c & 3) << 2 * r for r in range(8)), sum(((7 - c) & 3) << 2 * r for r in range(8)),
+               0xFF * (c >> 2), 0xFF * ((7 - c) >> 2)) for c in range(8)]
+    lut3 = LUT[len(decode_mma.LUT_NAMES):]
+    for i, (a2, b2, a1, b1) in enumerate(cases):
+        h, j = i % 2, i % 4  # the halfword / byte of the loaded words that holds the lane's dims
+        words = []
+        for x, bits, pos in ((a2, 16, h), (b2, 16, h), (a1, 8, j), (b1, 8, j)):
+            other = rng.getrandbits(32) & ~(((1 << bits) - 1) << bits * pos)  # the other lanes' bits
+            words.append(other | x << bits * pos)
+        outs = _run(decode_mma._ptx_3bit_two_tokens(), words + [0x5140 + 0x2222 * h, 0x4040 + 0x1111 * j] + lut3, 8)
+        for r in range(8):
+            ca = (a2 >> 2 * r) & 3 | ((a1 >> r) & 1) << 2
+            cb = (b2 >> 2 * r) & 3 | ((b1 >> r) & 1) << 2
+            expect = want[ca] | want[cb] << 16
+            assert outs[r] == expect, f"dim {r} of {(a2, b2, a1, b1)}: {outs[r]:#010x} != {expect:#010x}"
+
+
 def test_three_bit_lookup_with_table_operands_equals_levels_ptx():
     from sglang_ext.kernels import levels_ptx
 
-    lut3 = LUT[7:11]
+    lut3 = LUT[len(decode_mma.LUT_NAMES):]
     rng = random.Random(1)
     for _ in range(300):
         w2, w1 = rng.getrandbits(32), rng.getrandbits(16)
@@ -60,11 +83,11 @@ def test_three_bit_lookup_with_table_operands_equals_levels_ptx():
 
 
 def test_scope_errors_name_what_is_supported(device):
-    q = torch.zeros(1, 8, 128, device=device)
-    fmt = get_format("octave_k3v3", 128)
+    q = torch.zeros(1, 8, 64, device=device)
+    fmt = get_format("octave_k3v3", 64)
     planes = fmt.allocate(4, 1, device)
     ip = torch.tensor([0, 1], dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="only octave_k3v4 at head_dim 128"):
+    with pytest.raises(ValueError, match="only octave_k3v4 / octave_k3v3 at head_dim 128"):
         decode_attention(fmt, q, planes, torch.empty_like(q), ip, ip[:1], 0.1, stage1="mma")
     with pytest.raises(ValueError, match="stage1 must be"):
         decode_attention(fmt, q, planes, torch.empty_like(q), ip, ip[:1], 0.1, stage1="gluon")
@@ -75,13 +98,14 @@ def test_scope_errors_name_what_is_supported(device):
             decode_attention(fmt, q, fmt.allocate(4, 1, "cpu"), torch.empty_like(q), ip, ip[:1], 0.1, stage1="mma")
 
 
+@pytest.mark.parametrize("name", ["octave_k3v4", "octave_k3v3"])
 @pytest.mark.parametrize("head_dim,group,h_kv", [(128, 8, 2), (128, 3, 1), (256, 8, 1), (256, 5, 2)])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("given_splits", [False, True])
-def test_mma_decode_matches_reference(head_dim, group, h_kv, page_size, given_splits, device):
+def test_mma_decode_matches_reference(name, head_dim, group, h_kv, page_size, given_splits, device):
     if device != "cuda":
         pytest.skip("a Gluon kernel: runs on an NVIDIA GPU only (TRITON_INTERPRET=0)")
-    fmt = get_format("octave_k3v4", head_dim, 64 if head_dim == 256 else None)
+    fmt = get_format(name, head_dim, 64 if head_dim == 256 else None)
     gen = torch.Generator().manual_seed(head_dim + group + page_size)
     lengths = [70, 0, 5, 1000, 33, 2100]
     slots = allocate_slots(lengths, page_size, num_pages=-(-sum(lengths) // page_size) + len(lengths) + 8, gen=gen)
