@@ -427,9 +427,9 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     ptxas's choice; 0: ptxas's choice);
     lut: octave level decode (LUT_SELECT / LUT_PTX / LUT_PTX_CODES; None: level_decode's choice). int8_f16: int8
     codes to fp16 dot operands in PTX (I8_F16_BOTH / I8_F16_V / I8_FLOAT32; None: int8_f16_dots' choice).
-    stage1: "triton" (_decode_stage1), "mma" (decode_mma's Gluon kernel: octave_k3v4 / octave_k3v3 at head_dim
-    128, or 256 with rotary_dim 64; block_n applies to it, default MMA_BLOCK_N; the other launch arguments do
-    not) or None:
+    stage1: "triton" (_decode_stage1), "mma" (decode_mma's Gluon kernels: octave_k3v4 / octave_k3v3 at head_dim
+    128, or 256 with rotary_dim 64, and int8 at 64, 128 or 256; block_n applies to it, default MMA_BLOCK_N; the
+    other launch arguments do not) or None:
     decode_mma.default_for's
     choice, unless dot_bf16=False or one of the Triton kernel's launch arguments (kv_a, min_rows, num_warps,
     num_stages, lut, int8_f16, maxnreg) is given. Returns o."""
@@ -466,7 +466,8 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
         why = decode_mma.supported(fmt, group, q_len, q)
         if stage1 == "mma" and why is not None:
             raise ValueError(f"stage1='mma': {why}")
-        if stage1 == "mma" or decode_mma.default_for(fmt, group, q_len, q):
+        short_int8 = kind == tables.FMT_INT8 and kv_indices.shape[0] < MMA_INT8_MIN_TOKENS * batch  # mean length
+        if stage1 == "mma" or (decode_mma.default_for(fmt, group, q_len, q) and not short_int8):
             return _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, num_kv_splits,
                                max_kv_splits, block_n or MMA_BLOCK_N[decode_mma.layout_of(fmt)], fill_waves,
                                batch, h_kv, group)
@@ -539,7 +540,12 @@ def _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits: int, q
 # an H200 (docs/benchmarks/kernels.md, rounds 15-16): d128 32 took 166 us, 16 took 243 and 64 took 175; d256 32
 # took 171, 16 took 166 (and at batch 1 x 128k 116 against 123); with 3-bit V (octave_k3v3), d128 32 took 170 and
 # 16 took 169, d256 32 took 168 and 16 took 162 (at 32 the loop spills a few registers).
-MMA_BLOCK_N = {"d128": 32, "d256": 32, "d128v3": 32, "d256v3": 16}
+MMA_BLOCK_N = {"d128": 32, "d256": 32, "d128v3": 32, "d256v3": 16, "int8d64": 32, "int8d128": 32, "int8d256": 16}
+# int8 takes the Gluon stage 1 by default only for requests of at least this mean length: on the H200 it was
+# faster at every 32k and 128k shape of the grid (batch 8 x 32k d256: 164 -> 151 us; batch 1 x 128k: 174 -> 83 at
+# d128, 256 -> 113 at d256), but at 4k slower in 3 of 6 (batch 8 d256 36 -> 43 us; docs/benchmarks/kernels.md,
+# round 16).
+MMA_INT8_MIN_TOKENS = 8192
 # Split counts of the mma kernel (one-warp programs, latency-bound: more resident warps per SM run faster) when the
 # launcher chooses, all measured on an H200 (docs/benchmarks/kernels.md, round 15):
 # - long requests fill every resident program slot: batch 1 x 128k took 419 us with 16 splits, 128 with 64, 95-100
@@ -568,9 +574,10 @@ def _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, 
     passes its own, at most max_kv_splits), each request's count times split_mul, the smallest multiplier whose
     grid fills the GPU's resident one-warp programs; without, wave_splits' choice up to mma_max_splits."""
     dev = q.device
-    q_in = rotate_rows(q, torch.empty(q.shape, dtype=torch.float32, device=dev), rotation.K_TENSOR, False)
+    q_in = q if not fmt.rotated else rotate_rows(q, torch.empty(q.shape, dtype=torch.float32, device=dev),
+                                                 rotation.K_TENSOR, False)
     kc, ks, vc, vs = attention_planes(fmt, planes)
-    key = ("mma", dev.index, q.shape[-1], vc.shape[-1], kc.dtype, kv_indices.dtype, group, block_n)
+    key = ("mma", dev.index, q.shape[-1], vc.shape[-1], vc.dtype, q_in.dtype, kv_indices.dtype, group, block_n)
     if key not in _RESIDENT:
         ph = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
         one = torch.ones(1, dtype=torch.int32, device=dev)

@@ -51,13 +51,16 @@ from .levels_ptx import _tables
 # the one operand SASS takes as an immediate, so selectors are written as immediates.
 LUT_NAMES = ("hp0", "hp1", "lp0", "lp1", "k8")
 LUT3_NAMES = ("h0", "h1", "l0", "l1")  # the 3-bit level tables (levels_ptx._tables(3)), after LUT_NAMES
+LUT8_NAMES = ("m64",)  # int8 codes: the f16 exponent bytes 0x64 the conversion puts above each code byte
+I8_BIAS = 0x64806480  # f16 pair (1152, 1152): 0x64XX is 1024 + XX, and XX = code ^ 0x80 = code + 128
 
 
 def lut_words() -> list[int]:
-    """The values of LUT_NAMES then LUT3_NAMES, in order (int32 bit patterns)."""
+    """The values of LUT_NAMES, LUT3_NAMES then LUT8_NAMES, in order (int32 bit patterns)."""
     t, t3 = _tables(4), _tables(3)
     words = [t["hp0"], t["hp1"], t["lp0"], t["lp1"], 0x00008000]
     words += [t3[n] for n in LUT3_NAMES]
+    words += [0x64646464]
     return [w - (1 << 32) if w >= 1 << 31 else w for w in words]
 
 
@@ -200,6 +203,47 @@ def _ptx_3bit_two_tokens() -> str:
     mul.hi.u32 so, so, 0x10000;""" + _group3("se", "$4", "$6") + _group3("so", "$5", "$7") + "\n}")
 
 
+def _ptx_int8_one_token() -> str:
+    """int8 K: $4, $5 two words of 4 codes each (byte p of $4: dim p, of $5: dim 4 + p) -> $0..$3, the f16 pairs
+    of dims (2p, 2p + 1) of those 8. $6: 0x64646464 (LUT8_NAMES). Each pair is one prmt of the code bytes (made
+    unsigned: ^ 0x80) with exponent bytes 0x64, i.e. 1024 + 128 + code, then one f16x2 subtraction on the FMA
+    pipe: 0.75 ALU-pipe instructions per code."""
+    return f"""{{
+    .reg .b32 x, y, bias;
+    mov.b32 bias, {I8_BIAS:#010x};
+    xor.b32 x, $4, 0x80808080;
+    xor.b32 y, $5, 0x80808080;
+    prmt.b32 $0, x, $6, 0x4140;
+    prmt.b32 $1, x, $6, 0x4342;
+    prmt.b32 $2, y, $6, 0x4140;
+    prmt.b32 $3, y, $6, 0x4342;
+    sub.rn.f16x2 $0, $0, bias;
+    sub.rn.f16x2 $1, $1, bias;
+    sub.rn.f16x2 $2, $2, bias;
+    sub.rn.f16x2 $3, $3, bias;
+}}"""
+
+
+def _ptx_int8_two_tokens() -> str:
+    """int8 V: $8, $9 the two words of token 2i (dims 0..3, 4..7), $10, $11 those of token 2i+1 -> $0..$7,
+    register r the f16 values of dim r of token 2i (low half) and of token 2i+1 (high half). $12: 0x64646464. The
+    tokens' bytes are interleaved first (x: a0 b0 a1 b1), then as the one-token conversion."""
+    out = []
+    for w, (a, b) in enumerate((("$8", "$10"), ("$9", "$11"))):
+        for half, sel in ((0, "0x5140"), (1, "0x7362")):
+            r = 4 * w + 2 * half
+            out.append(f"""
+    prmt.b32 x, {a}, {b}, {sel};
+    xor.b32 x, x, 0x80808080;
+    prmt.b32 ${r}, x, $12, 0x4140;
+    prmt.b32 ${r + 1}, x, $12, 0x4342;
+    sub.rn.f16x2 ${r}, ${r}, bias;
+    sub.rn.f16x2 ${r + 1}, ${r + 1}, bias;""")
+    return "{\n    .reg .b32 x, bias;\n    mov.b32 bias, " + f"{I8_BIAS:#010x};" + "".join(out) + "\n}"
+
+
+PTX_INT8_1TOK: gl.constexpr = gl.constexpr(_ptx_int8_one_token())
+PTX_INT8_2TOK: gl.constexpr = gl.constexpr(_ptx_int8_two_tokens())
 PTX_3BIT_PLANES: gl.constexpr = gl.constexpr(_ptx_3bit_planes())
 PTX_3BIT_2TOK: gl.constexpr = gl.constexpr(_ptx_3bit_two_tokens())
 PTX_4BIT_1TOK: gl.constexpr = gl.constexpr(_ptx_4bit_one_token())
@@ -209,10 +253,11 @@ LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _halves(pair):
-    """int32 bf16 pairs -> (low half, high half) as bf16 tensors of the same shape and layout."""
-    lo = pair.to(gl.int16).to(gl.bfloat16, bitcast=True)
-    hi = (pair >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+def _halves(pair, DT: gl.constexpr = gl.bfloat16):
+    """int32 pairs of 16-bit floats (bf16, or DT) -> (low half, high half) as DT tensors of the same shape and
+    layout."""
+    lo = pair.to(gl.int16).to(DT, bitcast=True)
+    hi = (pair >> 16).to(gl.int16).to(DT, bitcast=True)
     return lo, hi
 
 
@@ -313,7 +358,7 @@ PTX_PER_LANE: gl.constexpr = gl.constexpr("""{
     xor.b32 $0, $1, l;
 }""")
 LUT_LANE_ZEROS = 32
-LUT_ZEROS_AT: gl.constexpr = gl.constexpr(9)  # len(lut_words())
+LUT_ZEROS_AT: gl.constexpr = gl.constexpr(10)  # len(lut_words())
 
 
 @gluon.jit
@@ -347,10 +392,17 @@ def _k_operand_a(words, lut, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr):
     o0, o1, o2, o3 = gl.inline_asm_elementwise(PTX_4BIT_1TOK, "=r,=r,=r,=r,r,r,r,r,r,r",
                                                [words, lut[0], lut[1], lut[2], lut[3], lut[4]],
                                                dtype=(gl.int32,) * 4, is_pure=True, pack=1)
-    a0 = gl.join(*_halves(o0))
-    a1 = gl.join(*_halves(o1))
-    a2 = gl.join(*_halves(o2))
-    a3 = gl.join(*_halves(o3))
+    return _k_pairs(o0, o1, o2, o3, BLOCK_N, A_LAYOUT, gl.bfloat16)
+
+
+@gluon.jit
+def _k_pairs(o0, o1, o2, o3, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr, DT: gl.constexpr):
+    """A K lookup's outputs (o_p: the pair of dims 8 j + 2 p, + 1 of the lane's 8-dim word j, [N, 8] with lane t
+    holding words 2 t, 2 t + 1) -> the left operand DT [BLOCK_N, 64], column k as _k_operand_a's."""
+    a0 = gl.join(*_halves(o0, DT))
+    a1 = gl.join(*_halves(o1, DT))
+    a2 = gl.join(*_halves(o2, DT))
+    a3 = gl.join(*_halves(o3, DT))
     z = gl.join(gl.join(a0, a2), gl.join(a1, a3))  # [N, 8 (word = 2 t + c1), 2 (e), 2 (c0), 2 (h)]
     z = gl.reshape(z, [BLOCK_N, 4, 2, 2, 2, 2])  # (n, t, c1, e, c0, h)
     z = gl.permute(z, [0, 2, 4, 5, 1, 3])  # (n, c1, c0, h, t, e)
@@ -359,18 +411,18 @@ def _k_operand_a(words, lut, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr):
 
 
 @gluon.jit
-def _levels8(o0, o1, o2, o3, o4, o5, o6, o7):
-    """Eight tensors of bf16 pairs (register r = 4 b2 + 2 b1 + b0 of a lookup) -> one bf16 tensor with four new
-    trailing axes (e: the pair's half, b2, b1, b0). Each join appends its axis last, so the nesting is
+def _levels8(o0, o1, o2, o3, o4, o5, o6, o7, DT: gl.constexpr = gl.bfloat16):
+    """Eight tensors of 16-bit float pairs (register r = 4 b2 + 2 b1 + b0 of a lookup) -> one DT tensor with four
+    new trailing axes (e: the pair's half, b2, b1, b0). Each join appends its axis last, so the nesting is
     bit-reversed."""
-    a0 = gl.join(*_halves(o0))
-    a1 = gl.join(*_halves(o1))
-    a2 = gl.join(*_halves(o2))
-    a3 = gl.join(*_halves(o3))
-    a4 = gl.join(*_halves(o4))
-    a5 = gl.join(*_halves(o5))
-    a6 = gl.join(*_halves(o6))
-    a7 = gl.join(*_halves(o7))
+    a0 = gl.join(*_halves(o0, DT))
+    a1 = gl.join(*_halves(o1, DT))
+    a2 = gl.join(*_halves(o2, DT))
+    a3 = gl.join(*_halves(o3, DT))
+    a4 = gl.join(*_halves(o4, DT))
+    a5 = gl.join(*_halves(o5, DT))
+    a6 = gl.join(*_halves(o6, DT))
+    a7 = gl.join(*_halves(o7, DT))
     return gl.join(gl.join(gl.join(a0, a4), gl.join(a2, a6)), gl.join(gl.join(a1, a5), gl.join(a3, a7)))
 
 
@@ -436,12 +488,13 @@ def _v_block(tile, first: gl.constexpr, b: gl.constexpr, lut, lut3, BLOCK_N: gl.
 
 
 @gluon.jit
-def _transpose_p(p, BLOCK_N: gl.constexpr, B_LAYOUT: gl.constexpr):
+def _transpose_p(p, BLOCK_N: gl.constexpr, B_LAYOUT: gl.constexpr, DT: gl.constexpr = gl.bfloat16):
     """P^T [BLOCK_N tokens, 8 heads] bf16 in the scores' accumulator layout (lane g: tokens g + 8 h, lane t: heads
     2t, 2t+1) -> the same values as the right operand of V^T P^T (lane t: tokens 2t, 2t+1 + 8 h, lane g: head g):
     each 8 x 8 block transposed across the warp by movmatrix, i.e. the register pair of a lane becomes the pair
     of the transposed block; the logical index swap is a reshape and permute."""
-    x = gl.inline_asm_elementwise(PTX_MOVMATRIX_T, "=r,r", [p], dtype=gl.bfloat16, is_pure=True, pack=2)
+    x = gl.inline_asm_elementwise(PTX_MOVMATRIX_T, "=r,r", [p.to(gl.int16, bitcast=True)], dtype=gl.int16,
+                                  is_pure=True, pack=2).to(DT, bitcast=True)
     # x[8 h + g, n] holds p[8 h + n, g]
     y = gl.reshape(gl.permute(gl.reshape(x, [BLOCK_N // 8, 8, 8]), [0, 2, 1]), [BLOCK_N, 8])
     return gl.convert_layout(y, B_LAYOUT)
@@ -619,6 +672,177 @@ def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, k
         gl.store(mid_lse + batch * stride_ml_b + heads * stride_ml_h + split, lse, mask=h_ok)
 
 
+@gluon.jit
+def _k8_operand_a(words, m64, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr):
+    """An int8 K block (int32 [BLOCK_N, 16], lane t holding words 4 t .. 4 t + 3 = dims 16 t .. 16 t + 15) as the
+    left operand, f16 [BLOCK_N, 64] in _k_operand_a's column order: words 2 j, 2 j + 1 of the lane play the
+    4-bit lookup's word j."""
+    w0, w1 = gl.split(gl.reshape(words, [BLOCK_N, 8, 2]))
+    o0, o1, o2, o3 = gl.inline_asm_elementwise(PTX_INT8_1TOK, "=r,=r,=r,=r,r,r,r", [w0, w1, m64],
+                                               dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+    return _k_pairs(o0, o1, o2, o3, BLOCK_N, A_LAYOUT, gl.float16)
+
+
+@gluon.jit
+def _v8_operand_a(words, m64, BLOCK_N: gl.constexpr, A_LAYOUT: gl.constexpr):
+    """An int8 V block (int32 [BLOCK_N, 16], lane g holding words 2 g, 2 g + 1 = dims 8 g .. 8 g + 7) as the
+    left operand of O^T = V^T P^T, f16 [64, BLOCK_N] in _v_operand_a's row order."""
+    w = gl.permute(gl.reshape(words, [BLOCK_N // 2, 2, 8, 2]), [0, 2, 3, 1])  # (i, g, word, token of the pair)
+    ta, tb = gl.split(w)
+    a0, a1 = gl.split(ta)
+    b0, b1 = gl.split(tb)
+    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+        PTX_INT8_2TOK, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r", [a0, a1, b0, b1, m64], dtype=(gl.int32,) * 8,
+        is_pure=True, pack=1)
+    z = _levels8(o0, o1, o2, o3, o4, o5, o6, o7, gl.float16)  # [N / 2 (i), 8 (g), 2 (e), j2, j1, j0]
+    z = gl.permute(z, [3, 4, 5, 1, 0, 2])  # (j2, j1, j0, g, i, e)
+    z = gl.reshape(z, [64, BLOCK_N])
+    return gl.convert_layout(z, A_LAYOUT)
+
+
+@gluon.jit
+def _load_tile8(idx, n0, s1, kn, vn, cn, kc_w, vc_w, ks_p, vs_p, kc_stride, vc_stride, ks_stride, vs_stride,
+                K_WORDS: gl.constexpr, V_WORDS: gl.constexpr, NB: gl.constexpr, WIDE: gl.constexpr):
+    """An int8 tile's words (tokens n0..): per 64-dim block b, K [N, 16] (K_WORDS: one 128-bit load per token)
+    and V [N, 16] (V_WORDS); then the K and V scales [N] (float32, one per token and head)."""
+    slots = _slots(idx, n0, s1, kn, vn, cn)
+    k_row = _rows(slots[0], kc_stride, WIDE)
+    v_row = _rows(slots[1], vc_stride, WIDE)
+    c_ok = (n0 + cn) < s1
+    kw = gl.arange(0, 16, layout=gl.SliceLayout(0, K_WORDS))
+    vw = gl.arange(0, 16, layout=gl.SliceLayout(0, V_WORDS))
+    k_ptr = kc_w + k_row[:, None] + kw[None, :]
+    v_ptr = vc_w + v_row[:, None] + vw[None, :]
+    ks = gl.load(ks_p + _rows(slots[2], ks_stride, WIDE), mask=c_ok, other=0.0)
+    vs = gl.load(vs_p + _rows(slots[2], vs_stride, WIDE), mask=c_ok, other=0.0)
+    if NB == 4:
+        return (gl.load(k_ptr), gl.load(k_ptr + 16), gl.load(k_ptr + 32), gl.load(k_ptr + 48), gl.load(v_ptr),
+                gl.load(v_ptr + 16), gl.load(v_ptr + 32), gl.load(v_ptr + 48), ks, vs)
+    elif NB == 2:
+        return (gl.load(k_ptr), gl.load(k_ptr + 16), gl.load(v_ptr), gl.load(v_ptr + 16), ks, vs)
+    else:
+        return (gl.load(k_ptr), gl.load(v_ptr), ks, vs)
+
+
+@gluon.jit
+def _step8(cur, n0, s1, cn, m64, q, m_i, l_acc, o, BLOCK_N: gl.constexpr, MMA: gl.constexpr,
+           A_OP: gl.constexpr, B_OP: gl.constexpr, NB: gl.constexpr):
+    """_step for int8: one scale per token for all of K's blocks (applied to the scores) and all of V's (applied
+    to P once, so one transposed P serves every block's dot)."""
+    c_ok = (n0 + cn) < s1
+    zero = gl.zeros([BLOCK_N, 8], gl.float32, layout=MMA)
+    s = mma_v2(_k8_operand_a(cur[0], m64, BLOCK_N, A_OP), q[0], zero)
+    if NB >= 2:
+        s = mma_v2(_k8_operand_a(cur[1], m64, BLOCK_N, A_OP), q[1], s)
+    if NB == 4:
+        s = mma_v2(_k8_operand_a(cur[2], m64, BLOCK_N, A_OP), q[2], s)
+        s = mma_v2(_k8_operand_a(cur[3], m64, BLOCK_N, A_OP), q[3], s)
+    s = s * cur[2 * NB][:, None]
+    v_a0 = _v8_operand_a(cur[NB], m64, BLOCK_N, A_OP)
+    if NB >= 2:
+        v_a1 = _v8_operand_a(cur[NB + 1], m64, BLOCK_N, A_OP)
+    if NB == 4:
+        v_a2 = _v8_operand_a(cur[NB + 2], m64, BLOCK_N, A_OP)
+        v_a3 = _v8_operand_a(cur[NB + 3], m64, BLOCK_N, A_OP)
+    p, alpha, m_i, l_acc = _softmax_step(s, c_ok, m_i, l_acc)
+    pt = _transpose_p((p * cur[2 * NB + 1][:, None]).to(gl.float16), BLOCK_N, B_OP, gl.float16)
+    if NB == 4:
+        o = (mma_v2(v_a0, pt, o[0] * alpha[None, :]), mma_v2(v_a1, pt, o[1] * alpha[None, :]),
+             mma_v2(v_a2, pt, o[2] * alpha[None, :]), mma_v2(v_a3, pt, o[3] * alpha[None, :]))
+    elif NB == 2:
+        o = (mma_v2(v_a0, pt, o[0] * alpha[None, :]), mma_v2(v_a1, pt, o[1] * alpha[None, :]))
+    else:
+        o = (mma_v2(v_a0, pt, o[0] * alpha[None, :]),)
+    return m_i, l_acc, o
+
+
+@gluon.jit
+def _decode_stage1_mma_int8(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_indices, num_kv_splits,
+                            mid_o, mid_lse, sm_scale, lut_ptr,
+                            stride_kc_slot, stride_kc_head, stride_ks_slot, stride_ks_head,
+                            stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
+                            stride_q_b, stride_q_h, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
+                            GROUP: gl.constexpr, BLOCK_N: gl.constexpr, MIN_BLOCK: gl.constexpr, WIDE: gl.constexpr,
+                            NB: gl.constexpr, SPLIT_MUL: gl.constexpr = 1):
+    """_decode_stage1_mma for int8 (NB 64-dim blocks: head_dim 64, 128 or 256): the codes go into f16 operands by
+    the exponent-byte conversion (PTX_INT8_1TOK / PTX_INT8_2TOK) instead of a level lookup; q and P are f16."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    A_OP: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    B_OP: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
+    # K words: lane (g, t) holds tokens g (+ 8 ...) and words 4 t .. 4 t + 3 of a block; V words: tokens 2 t,
+    # 2 t + 1 (+ 8 ...) and words 2 g, 2 g + 1
+    K_WORDS: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0])
+    V_WORDS: gl.constexpr = gl.BlockedLayout([2, 2], [4, 8], [1, 1], [0, 1])
+    TOKS: gl.constexpr = gl.SliceLayout(1, MMA)
+    HEADS: gl.constexpr = gl.SliceLayout(0, MMA)
+
+    batch = gl.program_id(0).to(gl.int64)
+    kv_head = gl.program_id(1)
+    split = gl.program_id(2)
+    kv_start = gl.load(kv_indptr + batch)
+    seq_len = gl.load(kv_indptr + batch + 1) - kv_start
+    splits = gl.load(num_kv_splits + batch) * SPLIT_MUL
+    per_split = gl.cdiv(gl.cdiv(seq_len, splits), MIN_BLOCK) * MIN_BLOCK
+    s0 = per_split * split
+    s1 = gl.minimum(s0 + per_split, seq_len)
+    if s1 > s0:
+        qk_scale = sm_scale * LOG2E
+        qk = gl.arange(0, 64, layout=gl.SliceLayout(1, B_OP))
+        qh = gl.arange(0, 8, layout=gl.SliceLayout(0, B_OP))
+        q_dim = 16 * ((qk >> 1) & 3) + 8 * ((qk >> 5) & 1) + 4 * ((qk >> 4) & 1) + 2 * ((qk >> 3) & 1) + (qk & 1)
+        q_off = batch * stride_q_b + (kv_head * GROUP + qh).to(gl.int64)[None, :] * stride_q_h + q_dim[:, None]
+        q_mask = (qh < GROUP)[None, :]
+        q0 = (gl.load(q_ptr + q_off, mask=q_mask, other=0.0) * qk_scale).to(gl.float16)
+        o0 = gl.zeros([64, 8], gl.float32, layout=MMA)
+        if NB == 4:
+            q = (q0, (gl.load(q_ptr + q_off + 64, mask=q_mask, other=0.0) * qk_scale).to(gl.float16),
+                 (gl.load(q_ptr + q_off + 128, mask=q_mask, other=0.0) * qk_scale).to(gl.float16),
+                 (gl.load(q_ptr + q_off + 192, mask=q_mask, other=0.0) * qk_scale).to(gl.float16))
+            o = (o0, o0, o0, o0)
+        elif NB == 2:
+            q = (q0, (gl.load(q_ptr + q_off + 64, mask=q_mask, other=0.0) * qk_scale).to(gl.float16))
+            o = (o0, o0)
+        else:
+            q = (q0,)
+            o = (o0,)
+        z = (lut_ptr + LUT_ZEROS_AT).to(gl.int64, bitcast=True)
+        m64 = _per_lane(gl.load(lut_ptr + LUT_ZEROS_AT - 1), z)
+
+        kn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, K_WORDS))
+        vn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, V_WORDS))
+        cn = gl.arange(0, BLOCK_N, layout=TOKS)
+        m_i = gl.full([8], float("-inf"), gl.float32, layout=HEADS)
+        l_acc = gl.zeros([BLOCK_N, 8], gl.float32, layout=MMA)
+        # code rows are whole numbers of 128-bit words (launch_stage1 asserts it): K's loads are vectorised
+        kc_w = k_codes.to(gl.pointer_type(gl.int32)) + gl.multiple_of(kv_head * (stride_kc_head // 4), 4)
+        vc_w = v_codes.to(gl.pointer_type(gl.int32)) + gl.multiple_of(kv_head * (stride_vc_head // 4), 4)
+        ks_p = k_scales + kv_head * stride_ks_head
+        vs_p = v_scales + kv_head * stride_vs_head
+        idx = kv_indices + kv_start
+        tile = _load_tile8(idx, s0, s1, kn, vn, cn, kc_w, vc_w, ks_p, vs_p, stride_kc_slot // 4, stride_vc_slot // 4,
+                           stride_ks_slot, stride_vs_slot, K_WORDS, V_WORDS, NB, WIDE)
+        for n0 in range(s0, s1, BLOCK_N):
+            cur = tile
+            tile = _load_tile8(idx, n0 + BLOCK_N, s1, kn, vn, cn, kc_w, vc_w, ks_p, vs_p, stride_kc_slot // 4,
+                               stride_vc_slot // 4, stride_ks_slot, stride_vs_slot, K_WORDS, V_WORDS, NB, WIDE)
+            m_i, l_acc, o = _step8(cur, n0, s1, cn, m64, q, m_i, l_acc, o, BLOCK_N, MMA, A_OP, B_OP, NB)
+
+        l_i = gl.sum(l_acc, axis=0)
+        inv = 1.0 / l_i
+        oh = gl.arange(0, 8, layout=HEADS)
+        heads = kv_head * GROUP + oh
+        h_ok = oh < GROUP
+        offs = batch * stride_mo_b + heads.to(gl.int64) * stride_mo_h + split * stride_mo_s
+        _store_block(mid_o, o[0], inv, offs, h_ok, 0)
+        if NB >= 2:
+            _store_block(mid_o, o[1], inv, offs, h_ok, 64)
+        if NB == 4:
+            _store_block(mid_o, o[2], inv, offs, h_ok, 128)
+            _store_block(mid_o, o[3], inv, offs, h_ok, 192)
+        lse = (m_i + gl.log2(l_i)) * LN2
+        gl.store(mid_lse + batch * stride_ml_b + heads * stride_ml_h + split, lse, mask=h_ok)
+
+
 _LUT: dict = {}
 
 
@@ -636,9 +860,12 @@ def supported(fmt, group: int, q_len: int, x) -> str | None:
     """None when this kernel can run the call, else why not (the scope in the module docstring)."""
     from . import tables
 
-    if tables.format_kind(fmt) != tables.FMT_OCTAVE:
-        return f"{fmt.name} is not an octave format"
-    if layout_of(fmt) is None:
+    if tables.format_kind(fmt) not in (tables.FMT_OCTAVE, tables.FMT_INT8):
+        return f"{fmt.name} is neither an octave format nor int8"
+    if tables.format_kind(fmt) == tables.FMT_INT8:
+        if layout_of(fmt) is None:
+            return f"int8 at head_dim 64, 128 or 256 only (got {fmt.head_dim})"
+    elif layout_of(fmt) is None:
         return (f"only octave_k3v4 / octave_k3v3 at head_dim 128 (4-bit K blocks) or 256 with rotary_dim 64 (K blocks "
                 f"of 4, 3, 3, 3 bits), V blocks all 4-bit or all 3-bit (got {fmt.name} at head_dim {fmt.head_dim}, "
                 f"K bits {fmt.k_bits}, V bits {fmt.v_bits})")
@@ -654,44 +881,70 @@ def supported(fmt, group: int, q_len: int, x) -> str | None:
 
 
 def layout_of(fmt) -> str | None:
-    """"d128" / "d256" (4-bit V), "d128v3" / "d256v3" (3-bit V): the block layouts the kernel reads; None for
-    any other."""
+    """"d128" / "d256" (octave, 4-bit V), "d128v3" / "d256v3" (octave, 3-bit V), "int8d64" / "int8d128" /
+    "int8d256": the block layouts the kernels read; None for any other."""
+    if not hasattr(fmt, "k_bits"):  # int8
+        return f"int8d{fmt.head_dim}" if fmt.head_dim in (64, 128, 256) and fmt.name == "int8" else None
     k_bits = {128: (4, 4), 256: (4, 3, 3, 3)}.get(fmt.head_dim)
     if k_bits is None or fmt.k_bits != k_bits or len(set(fmt.v_bits)) != 1 or fmt.v_bits[0] not in (3, 4):
         return None
     return f"d{fmt.head_dim}" + ("v3" if fmt.v_bits[0] == 3 else "")
 
 
+# The block layouts (layout_of) whose Gluon stage 1 was measured faster than decode._decode_stage1 on an H200
+# (docs/benchmarks/kernels.md, rounds 15-16).
+DEFAULT_LAYOUTS = frozenset({"d128", "d256", "d128v3", "d256v3", "int8d128", "int8d256"})
+
+
 def default_for(fmt, group: int, q_len: int, x) -> bool:
     """Whether decode_attention takes this kernel when the caller does not choose: where it runs and was
-    measured faster than decode._decode_stage1, i.e. compute capability 9 (an H200; docs/benchmarks/kernels.md,
-    round 15). On sm_80 / sm_86 it compiles (kernels.targets) but was not run: stage1="mma" asks for it."""
-    return supported(fmt, group, q_len, x) is None and torch.cuda.get_device_capability(x.device)[0] >= 9
+    measured faster than decode._decode_stage1 (DEFAULT_LAYOUTS), on compute capability 9 (an H200). On sm_80 /
+    sm_86 it compiles (kernels.targets) but was not run: stage1="mma" asks for it."""
+    return (supported(fmt, group, q_len, x) is None and layout_of(fmt) in DEFAULT_LAYOUTS
+            and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
 def launch_stage1(grid, q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse, sm_scale,
                   group: int, block_n: int, min_block: int, split_mul: int = 1, warmup: bool = False):
-    """Launch (or, with warmup, only compile and return the kernel: decode.resident_programs reads it). The code
-    planes are read as 32-bit words and a (token, head)'s two fp16 scales as one: rows and heads must start on
-    4-byte boundaries."""
+    """Launch (or, with warmup, only compile and return the kernel: decode.resident_programs reads it): the int8
+    kernel for int8 code planes, else the octave one. Octave code planes are read as 32-bit words and a (token,
+    head)'s two fp16 scales as one: rows and heads must start on 4-byte boundaries. int8 code rows are read as
+    128-bit words."""
     assert group <= 8, group
     assert block_n in (16, 32, 64), block_n
     d = q_in.shape[-1]
     d256 = d == 256
-    assert vc.shape[-1] in (d // 2, d * 3 // 8), (vc.shape, d)  # 4-bit or 3-bit V code rows
-    v3 = vc.shape[-1] == d * 3 // 8
-    # rows of whole 64-bit words (K's two-word loads), scale pairs on 4-byte boundaries
-    assert kc.stride(0) % 8 == 0 and kc.stride(1) % 8 == 0 and vc.stride(0) % 8 == 0 and vc.stride(1) % 8 == 0
-    assert ks.stride(0) % 2 == 0 and ks.stride(1) % 2 == 0 and vs.stride(0) % 2 == 0 and vs.stride(1) % 2 == 0
-    assert all(t.data_ptr() % 4 == 0 for t in (kc, ks, vc, vs))
-    wide = max(kc.numel(), vc.numel()) // 4 >= 2**31 or max(ks.numel(), vs.numel()) // 2 >= 2**31
+    if vc.dtype == torch.int8:  # int8: rows of whole 128-bit words (K's four-word loads), float32 scales
+        assert kc.shape[-1] == d and vc.shape[-1] == d and d in (64, 128, 256), (kc.shape, vc.shape, d)
+        assert all(t.stride(i) % 16 == 0 for t in (kc, vc) for i in (0, 1)), (kc.stride(), vc.stride())
+        assert ks.dtype == torch.float32 and vs.dtype == torch.float32 and ks.stride(2) == 1 and vs.stride(2) == 1
+        assert all(t.data_ptr() % 16 == 0 for t in (kc, vc))
+        kernel, consts = _decode_stage1_mma_int8, {"NB": d // 64}
+        wide = max(kc.numel(), vc.numel()) // 4 >= 2**31 or max(ks.numel(), vs.numel()) >= 2**31
+    else:
+        kernel, consts = _decode_stage1_mma, {"D256": d256, "V3": _octave_v3(vc, d)}
+        wide = _octave_checks(kc, ks, vc, vs)
     args = (q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse, sm_scale,
             lut_tensor(q_in.device), kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0),
             vc.stride(1), vs.stride(0), vs.stride(1), q_in.stride(0), q_in.stride(1), mid_o.stride(0),
             mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
-    consts = {"GROUP": group, "BLOCK_N": block_n, "MIN_BLOCK": min_block, "WIDE": wide, "D256": d256,
-              "SPLIT_MUL": split_mul, "V3": v3, "num_warps": 1}
+    consts.update({"GROUP": group, "BLOCK_N": block_n, "MIN_BLOCK": min_block, "WIDE": wide, "SPLIT_MUL": split_mul,
+                   "num_warps": 1})
     if warmup:
-        kernel = _decode_stage1_mma.warmup(*args, grid=(1,), **consts)
-        return kernel.result() if hasattr(kernel, "result") else kernel
-    _decode_stage1_mma[grid](*args, **consts)
+        compiled = kernel.warmup(*args, grid=(1,), **consts)
+        return compiled.result() if hasattr(compiled, "result") else compiled
+    kernel[grid](*args, **consts)
+
+
+def _octave_v3(vc, d: int) -> bool:
+    assert vc.shape[-1] in (d // 2, d * 3 // 8), (vc.shape, d)  # 4-bit or 3-bit V code rows
+    return vc.shape[-1] == d * 3 // 8
+
+
+def _octave_checks(kc, ks, vc, vs) -> bool:
+    """The octave planes' alignment (launch_stage1's docstring); returns WIDE."""
+    # rows of whole 64-bit words (K's two-word loads), scale pairs on 4-byte boundaries
+    assert kc.stride(0) % 8 == 0 and kc.stride(1) % 8 == 0 and vc.stride(0) % 8 == 0 and vc.stride(1) % 8 == 0
+    assert ks.stride(0) % 2 == 0 and ks.stride(1) % 2 == 0 and vs.stride(0) % 2 == 0 and vs.stride(1) % 2 == 0
+    assert all(t.data_ptr() % 4 == 0 for t in (kc, ks, vc, vs))
+    return max(kc.numel(), vc.numel()) // 4 >= 2**31 or max(ks.numel(), vs.numel()) // 2 >= 2**31

@@ -119,7 +119,8 @@ def _variants():
 
 
 def _mma_variants():
-    """decode_mma's Gluon stage 1 (octave_k3v4 and octave_k3v3 at head_dim 128 and 256), NVIDIA targets only:
+    """decode_mma's Gluon stage 1 (octave_k3v4 and octave_k3v3 at head_dim 128 and 256; int8 at 64, 128 and 256),
+    NVIDIA targets only:
     mma.sync and movmatrix have no RDNA3 counterpart, and there decode runs decode._decode_stage1."""
     from . import decode, decode_mma
 
@@ -132,7 +133,13 @@ def _mma_variants():
         kv_indices="*i64", num_kv_splits="*i32", mid_o="*fp32", mid_lse="*fp32", sm_scale="fp32", lut_ptr="*i32",
         **strides, GROUP=C(8), BLOCK_N=C(n), MIN_BLOCK=C(decode.MIN_BLOCK_KV), WIDE=C(False), D256=C(d == 256),
         SPLIT_MUL=C(1), V3=C(v3)), {"num_warps": 1, BACKENDS: ("cuda",)})
-        for v3 in (False, True) for d in (128, 256) for n in (16, 32)]
+        for v3 in (False, True) for d in (128, 256) for n in (16, 32)] + [
+        (f"decode_stage1_mma int8 d{d} n{n}", decode_mma._decode_stage1_mma_int8, dict(
+            q_ptr="*bf16", k_codes="*i8", k_scales="*fp32", v_codes="*i8", v_scales="*fp32", kv_indptr="*i32",
+            kv_indices="*i64", num_kv_splits="*i32", mid_o="*fp32", mid_lse="*fp32", sm_scale="fp32", lut_ptr="*i32",
+            **strides, GROUP=C(8), BLOCK_N=C(n), MIN_BLOCK=C(decode.MIN_BLOCK_KV), WIDE=C(False), NB=C(d // 64),
+            SPLIT_MUL=C(1)), {"num_warps": 1, BACKENDS: ("cuda",)})
+        for d in (64, 128, 256) for n in (16, 32)]
 
 
 BACKENDS = "_backends"  # a variant's options key: the backends it is built for (others are listed as skipped)

@@ -71,6 +71,37 @@ def test_three_bit_two_token_lookup_interleaves_the_tokens_levels():
             assert outs[r] == expect, f"dim {r} of {(a2, b2, a1, b1)}: {outs[r]:#010x} != {expect:#010x}"
 
 
+def _f16(x: int) -> int:
+    return int(torch.tensor([float(x)], dtype=torch.float16).view(torch.int16)) & 0xFFFF
+
+
+def _int8_words(rng) -> list[int]:
+    return [rng.getrandbits(32) for _ in range(4)]
+
+
+def _codes(word: int) -> list[int]:
+    return [((word >> 8 * i) & 0xFF) - 256 * (((word >> 8 * i) & 0xFF) >= 128) for i in range(4)]
+
+
+def test_int8_conversions_give_the_codes_as_f16():
+    m64 = LUT[decode_mma.LUT_ZEROS_AT.value - 1]
+    rng = random.Random(3)
+    cases = [_int8_words(rng) for _ in range(200)]
+    # every code value (-127..127; -128 is never stored but converts too) in every byte
+    cases += [[sum(((c + k) % 256) << 8 * i for i in range(4)) for k in range(0, 16, 4)] for c in range(0, 256, 16)]
+    for w in cases:
+        outs = _run(decode_mma._ptx_int8_one_token(), [w[0], w[1], m64], 4)
+        dims = _codes(w[0]) + _codes(w[1])
+        for p in range(4):
+            expect = _f16(dims[2 * p]) | _f16(dims[2 * p + 1]) << 16
+            assert outs[p] == expect, f"pair {p} of {w[:2]}: {outs[p]:#010x} != {expect:#010x}"
+        outs = _run(decode_mma._ptx_int8_two_tokens(), w + [m64], 8)
+        a, b = _codes(w[0]) + _codes(w[1]), _codes(w[2]) + _codes(w[3])
+        for r in range(8):
+            expect = _f16(a[r]) | _f16(b[r]) << 16
+            assert outs[r] == expect, f"dim {r} of {w}: {outs[r]:#010x} != {expect:#010x}"
+
+
 def test_three_bit_lookup_with_table_operands_equals_levels_ptx():
     from sglang_ext.kernels import levels_ptx
 
@@ -98,7 +129,7 @@ def test_scope_errors_name_what_is_supported(device):
             decode_attention(fmt, q, fmt.allocate(4, 1, "cpu"), torch.empty_like(q), ip, ip[:1], 0.1, stage1="mma")
 
 
-@pytest.mark.parametrize("name", ["octave_k3v4", "octave_k3v3"])
+@pytest.mark.parametrize("name", ["octave_k3v4", "octave_k3v3", "int8"])
 @pytest.mark.parametrize("head_dim,group,h_kv", [(128, 8, 2), (128, 3, 1), (256, 8, 1), (256, 5, 2)])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("given_splits", [False, True])
@@ -106,6 +137,8 @@ def test_mma_decode_matches_reference(name, head_dim, group, h_kv, page_size, gi
     if device != "cuda":
         pytest.skip("a Gluon kernel: runs on an NVIDIA GPU only (TRITON_INTERPRET=0)")
     fmt = get_format(name, head_dim, 64 if head_dim == 256 else None)
+    if name == "int8" and head_dim == 128 and group == 3:
+        fmt, head_dim = get_format("int8", 64), 64  # int8 covers head_dim 64 too
     gen = torch.Generator().manual_seed(head_dim + group + page_size)
     lengths = [70, 0, 5, 1000, 33, 2100]
     slots = allocate_slots(lengths, page_size, num_pages=-(-sum(lengths) // page_size) + len(lengths) + 8, gen=gen)
@@ -126,3 +159,21 @@ def test_mma_decode_matches_reference(name, head_dim, group, h_kv, page_size, gi
     assert not o[1].float().any(), "a request without KV must get zeros"
     err = ((o.float() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, f"relative error {err:.2e} against the reference"  # bf16 operands: ~3e-3 measured
+
+
+def test_int8_default_takes_the_gluon_kernel_for_long_requests_only(device, monkeypatch):
+    if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the default choice of an NVIDIA GPU of compute capability 9")
+    from sglang_ext.kernels import decode
+
+    taken = []
+    real = decode._decode_mma
+    monkeypatch.setattr(decode, "_decode_mma", lambda *a, **k: taken.append(1) or real(*a, **k))
+    fmt = get_format("int8", 128)
+    for length, gluon in ((decode.MMA_INT8_MIN_TOKENS - 32, False), (decode.MMA_INT8_MIN_TOKENS, True)):
+        planes = fmt.allocate(2 * length, 1, device)
+        ip = torch.tensor([0, length, 2 * length], dtype=torch.int32, device=device)
+        q = torch.randn(2, 8, 128, device=device).to(torch.bfloat16)
+        taken.clear()
+        decode_attention(fmt, q, planes, torch.empty_like(q), ip, torch.arange(2 * length, device=device), 0.1)
+        assert bool(taken) == gluon, (length, taken)
