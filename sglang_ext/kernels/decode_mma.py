@@ -27,8 +27,12 @@ The lookups run on the integer ALU pipe (half rate on sm_80 and sm_90), which bo
 written as mul.hi so that ptxas issues them on the FMA pipe (_prep, _upper), and the tables are held per lane
 (_load_lut). Softmax denominators stay per (token row, head) until the end.
 
+int8 (_decode_stage1_mma_int8) has the same structure with f16 operands: a code becomes one by the exponent-byte
+conversion (PTX_INT8_1TOK, PTX_INT8_2TOK), with no lookup.
+
 Scope (built and measured): octave_k3v4 and octave_k3v3 at head_dim 128 with full RoPE (K blocks 4-bit) and at
-head_dim 256 with rotary_dim 64 (K blocks of 4, 3, 3, 3 bits), V blocks all 4-bit or all 3-bit (layout_of), GQA
+head_dim 256 with rotary_dim 64 (K blocks of 4, 3, 3, 3 bits), V blocks all 4-bit or all 3-bit; int8 at head_dim
+64, 128 and 256 (layout_of). GQA
 groups of at most 8 q heads, one query token (q_len 1), NVIDIA GPUs with mma.sync and movmatrix (sm_80 and later;
 measured on an H200 only). Output: the partial outputs and log-sum-exps of
 decode._decode_stage1, merged by its stage 2.
