@@ -534,6 +534,50 @@ def _load_q(q_ptr, q_off, q_mask, d0, qk_scale):
 
 
 @gluon.jit
+def _program_split(kv_indptr, num_kv_splits, MIN_BLOCK: gl.constexpr, SPLIT_MUL: gl.constexpr):
+    """This program's (request, KV head, split) and its token range [s0, s1) of the request (kv_start: the
+    request's first entry of kv_indices); request b runs num_kv_splits[b] * SPLIT_MUL splits of whole MIN_BLOCKs,
+    as stage 2 reads them."""
+    batch = gl.program_id(0).to(gl.int64)
+    kv_head = gl.program_id(1)
+    split = gl.program_id(2)
+    kv_start = gl.load(kv_indptr + batch)
+    seq_len = gl.load(kv_indptr + batch + 1) - kv_start
+    splits = gl.load(num_kv_splits + batch) * SPLIT_MUL
+    per_split = gl.cdiv(gl.cdiv(seq_len, splits), MIN_BLOCK) * MIN_BLOCK
+    s0 = per_split * split
+    return batch, kv_head, split, kv_start, s0, gl.minimum(s0 + per_split, seq_len)
+
+
+@gluon.jit
+def _q_operand_offsets(batch, kv_head, stride_q_b, stride_q_h, GROUP: gl.constexpr, B_OP: gl.constexpr):
+    """Offsets (from a block's first dim) and mask of q^T as a block's [64, 8] right operand, in the permuted K
+    order (module docstring): row k holds dim 16 t + 8 c1 + 4 c0 + 2 h + e, column n the group's q head n."""
+    qk = gl.arange(0, 64, layout=gl.SliceLayout(1, B_OP))
+    qh = gl.arange(0, 8, layout=gl.SliceLayout(0, B_OP))
+    q_dim = 16 * ((qk >> 1) & 3) + 8 * ((qk >> 5) & 1) + 4 * ((qk >> 4) & 1) + 2 * ((qk >> 3) & 1) + (qk & 1)
+    q_off = batch * stride_q_b + (kv_head * GROUP + qh).to(gl.int64)[None, :] * stride_q_h + q_dim[:, None]
+    return q_off, (qh < GROUP)[None, :]
+
+
+@gluon.jit
+def _store_partials(mid_o, mid_lse, o, m_i, l_acc, batch, kv_head, split, stride_mo_b, stride_mo_h, stride_mo_s,
+                    stride_ml_b, stride_ml_h, GROUP: gl.constexpr, HEADS: gl.constexpr):
+    """The split's partial outputs (o: one [64, 8] accumulator per 64-dim block) and log-sum-exps, as stage 2
+    reads them. The softmax denominators stayed per (token row, head) until here: no cross-lane sum per tile."""
+    l_i = gl.sum(l_acc, axis=0)
+    inv = 1.0 / l_i
+    oh = gl.arange(0, 8, layout=HEADS)
+    heads = kv_head * GROUP + oh
+    h_ok = oh < GROUP
+    offs = batch * stride_mo_b + heads.to(gl.int64) * stride_mo_h + split * stride_mo_s
+    for b in gl.static_range(len(o)):
+        _store_block(mid_o, o[b], inv, offs, h_ok, 64 * b)
+    lse = (m_i + gl.log2(l_i)) * LN2
+    gl.store(mid_lse + batch * stride_ml_b + heads * stride_ml_h + split, lse, mask=h_ok)
+
+
+@gluon.jit
 def _step(cur, n0, s1, cn, lut, lut3, q, m_i, l_acc, o, BLOCK_N: gl.constexpr, MMA: gl.constexpr,
           A_OP: gl.constexpr, B_OP: gl.constexpr, D256: gl.constexpr, V3: gl.constexpr):
     """One tile (_load_tile's words `cur`, tokens n0..) into the running softmax and outputs o (one [64, 8]
@@ -594,23 +638,11 @@ def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, k
     TOKS: gl.constexpr = gl.SliceLayout(1, MMA)  # per token of the scores' rows
     HEADS: gl.constexpr = gl.SliceLayout(0, MMA)  # per q head
 
-    batch = gl.program_id(0).to(gl.int64)
-    kv_head = gl.program_id(1)
-    split = gl.program_id(2)
-    kv_start = gl.load(kv_indptr + batch)
-    seq_len = gl.load(kv_indptr + batch + 1) - kv_start
-    splits = gl.load(num_kv_splits + batch) * SPLIT_MUL
-    per_split = gl.cdiv(gl.cdiv(seq_len, splits), MIN_BLOCK) * MIN_BLOCK
-    s0 = per_split * split
-    s1 = gl.minimum(s0 + per_split, seq_len)
+    batch, kv_head, split, kv_start, s0, s1 = _program_split(kv_indptr, num_kv_splits, MIN_BLOCK, SPLIT_MUL)
     if s1 > s0:
         qk_scale = sm_scale * LOG2E
         # q^T in the permuted K order, pre-scaled: one [64, 8] right operand per block
-        qk = gl.arange(0, 64, layout=gl.SliceLayout(1, B_OP))
-        qh = gl.arange(0, 8, layout=gl.SliceLayout(0, B_OP))
-        q_dim = 16 * ((qk >> 1) & 3) + 8 * ((qk >> 5) & 1) + 4 * ((qk >> 4) & 1) + 2 * ((qk >> 3) & 1) + (qk & 1)
-        q_off = batch * stride_q_b + (kv_head * GROUP + qh).to(gl.int64)[None, :] * stride_q_h + q_dim[:, None]
-        q_mask = (qh < GROUP)[None, :]
+        q_off, q_mask = _q_operand_offsets(batch, kv_head, stride_q_b, stride_q_h, GROUP, B_OP)
         q0 = _load_q(q_ptr, q_off, q_mask, 0, qk_scale)
         q1 = _load_q(q_ptr, q_off, q_mask, 64, qk_scale)
         if D256:
@@ -660,20 +692,8 @@ def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, k
                               K3_WORDS, V_WORDS, D256, V3, WIDE)
             m_i, l_acc, o = _step(cur, n0, s1, cn, lut, lut3, q, m_i, l_acc, o, BLOCK_N, MMA, A_OP, B_OP, D256, V3)
 
-        # the softmax denominators stayed per (token row, head) until here: no cross-lane sum per tile
-        l_i = gl.sum(l_acc, axis=0)
-        inv = 1.0 / l_i
-        oh = gl.arange(0, 8, layout=HEADS)
-        heads = kv_head * GROUP + oh
-        h_ok = oh < GROUP
-        offs = batch * stride_mo_b + heads.to(gl.int64) * stride_mo_h + split * stride_mo_s
-        _store_block(mid_o, o[0], inv, offs, h_ok, 0)
-        _store_block(mid_o, o[1], inv, offs, h_ok, 64)
-        if D256:
-            _store_block(mid_o, o[2], inv, offs, h_ok, 128)
-            _store_block(mid_o, o[3], inv, offs, h_ok, 192)
-        lse = (m_i + gl.log2(l_i)) * LN2
-        gl.store(mid_lse + batch * stride_ml_b + heads * stride_ml_h + split, lse, mask=h_ok)
+        _store_partials(mid_o, mid_lse, o, m_i, l_acc, batch, kv_head, split, stride_mo_b, stride_mo_h, stride_mo_s,
+                        stride_ml_b, stride_ml_h, GROUP, HEADS)
 
 
 @gluon.jit
@@ -780,22 +800,10 @@ def _decode_stage1_mma_int8(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indp
     TOKS: gl.constexpr = gl.SliceLayout(1, MMA)
     HEADS: gl.constexpr = gl.SliceLayout(0, MMA)
 
-    batch = gl.program_id(0).to(gl.int64)
-    kv_head = gl.program_id(1)
-    split = gl.program_id(2)
-    kv_start = gl.load(kv_indptr + batch)
-    seq_len = gl.load(kv_indptr + batch + 1) - kv_start
-    splits = gl.load(num_kv_splits + batch) * SPLIT_MUL
-    per_split = gl.cdiv(gl.cdiv(seq_len, splits), MIN_BLOCK) * MIN_BLOCK
-    s0 = per_split * split
-    s1 = gl.minimum(s0 + per_split, seq_len)
+    batch, kv_head, split, kv_start, s0, s1 = _program_split(kv_indptr, num_kv_splits, MIN_BLOCK, SPLIT_MUL)
     if s1 > s0:
         qk_scale = sm_scale * LOG2E
-        qk = gl.arange(0, 64, layout=gl.SliceLayout(1, B_OP))
-        qh = gl.arange(0, 8, layout=gl.SliceLayout(0, B_OP))
-        q_dim = 16 * ((qk >> 1) & 3) + 8 * ((qk >> 5) & 1) + 4 * ((qk >> 4) & 1) + 2 * ((qk >> 3) & 1) + (qk & 1)
-        q_off = batch * stride_q_b + (kv_head * GROUP + qh).to(gl.int64)[None, :] * stride_q_h + q_dim[:, None]
-        q_mask = (qh < GROUP)[None, :]
+        q_off, q_mask = _q_operand_offsets(batch, kv_head, stride_q_b, stride_q_h, GROUP, B_OP)
         q0 = (gl.load(q_ptr + q_off, mask=q_mask, other=0.0) * qk_scale).to(gl.float16)
         o0 = gl.zeros([64, 8], gl.float32, layout=MMA)
         if NB == 4:
@@ -831,20 +839,8 @@ def _decode_stage1_mma_int8(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indp
                                stride_vc_slot // 4, stride_ks_slot, stride_vs_slot, K_WORDS, V_WORDS, NB, WIDE)
             m_i, l_acc, o = _step8(cur, n0, s1, cn, m64, q, m_i, l_acc, o, BLOCK_N, MMA, A_OP, B_OP, NB)
 
-        l_i = gl.sum(l_acc, axis=0)
-        inv = 1.0 / l_i
-        oh = gl.arange(0, 8, layout=HEADS)
-        heads = kv_head * GROUP + oh
-        h_ok = oh < GROUP
-        offs = batch * stride_mo_b + heads.to(gl.int64) * stride_mo_h + split * stride_mo_s
-        _store_block(mid_o, o[0], inv, offs, h_ok, 0)
-        if NB >= 2:
-            _store_block(mid_o, o[1], inv, offs, h_ok, 64)
-        if NB == 4:
-            _store_block(mid_o, o[2], inv, offs, h_ok, 128)
-            _store_block(mid_o, o[3], inv, offs, h_ok, 192)
-        lse = (m_i + gl.log2(l_i)) * LN2
-        gl.store(mid_lse + batch * stride_ml_b + heads * stride_ml_h + split, lse, mask=h_ok)
+        _store_partials(mid_o, mid_lse, o, m_i, l_acc, batch, kv_head, split, stride_mo_b, stride_mo_h, stride_mo_s,
+                        stride_ml_b, stride_ml_h, GROUP, HEADS)
 
 
 _LUT: dict = {}
