@@ -13,6 +13,9 @@ The dots, per 64-dim block of the head (m16n8k16, bf16 operands, float32 accumul
 - P^T goes from the scores' accumulator to the right operand of the second dot by one `movmatrix` (an 8 x 8
   transpose across the warp) per 8 tokens (_transpose_p).
 
+q arrives as the model made it: each program rotates its group's queries into the octave basis as a dot with
+H64 (_rotated_q), which spares the call a rotation kernel (4-7 us of an H200 call at batch 8 x 32k).
+
 Two freedoms make every load contiguous without changing the pool format:
 - K: a dot's contraction may run over the head dims in any order, as long as q uses the same one. Lane t of a K
   fragment owns k = 32 c1 + 16 c0 + 8 h + 2 t + e (e, h, c0, c1 in registers). Mapping k to the block dim
@@ -47,6 +50,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from ..kvformats import rotation
 from .levels_ptx import _tables
 
 # The lookup tables, as asm operands: loaded once before the loop (lut_words), they stay in registers. As
@@ -62,7 +66,7 @@ I8_BIAS = 0x64806480  # f16 pair (1152, 1152): 0x64XX is 1024 + XX, and XX = cod
 def lut_words() -> list[int]:
     """The values of LUT_NAMES, LUT3_NAMES then LUT8_NAMES, in order (int32 bit patterns)."""
     t, t3 = _tables(4), _tables(3)
-    words = [t["hp0"], t["hp1"], t["lp0"], t["lp1"], 0x00008000]
+    words = [t["hp0"], t["hp1"], t["lp0"], t["lp1"], 0x80000000]
     words += [t3[n] for n in LUT3_NAMES]
     words += [0x64646464]
     return [w - (1 << 32) if w >= 1 << 31 else w for w in words]
@@ -73,23 +77,23 @@ def _bind(first: int) -> str:
 
 
 def _prep(w: str, s: str) -> str:
-    """Magnitude selectors m{s} (nibble c -> c & 7 for c >= 8, 7 - c below) and negative flags n{s} (nibble = 1
-    where c < 8) of word w. Shifts are written as mul.hi and the subtraction as sub, which ptxas issues as IMAD
-    on the FMA pipe: the lookups are bound by the integer ALU pipe (half rate on sm_80 / sm_90), where prmt and
-    lop3 have to run."""
+    """Magnitude selectors m{s} (nibble c -> c & 7 for c >= 8, 7 - c below) and negative flags n{s} (nibble = 7
+    where c < 8, else 0) of word w: t holds 8 in each nibble below 8, and t * 7 / 8 (one mul.hi by 7 * 2^29) is
+    the flags, which are also the mask that mirrors a negative code's magnitude. The shift is written as mul.hi,
+    which ptxas issues as IMAD on the FMA pipe: the lookups are bound by the integer ALU pipe (half rate on sm_80
+    / sm_90), where prmt and lop3 have to run."""
     return f"""
     not.b32 t, {w};
     and.b32 t, t, 0x88888888;
-    mul.hi.u32 n{s}, t, 0x20000000;
-    sub.u32 t, t, n{s};
-    xor.b32 m{s}, {w}, t;
+    mul.hi.u32 n{s}, t, 0xE0000000;
+    xor.b32 m{s}, {w}, n{s};
     and.b32 m{s}, m{s}, 0x77777777;"""
 
 
 def _look(s: str) -> str:
     """Hi bytes h{s} (sign set) and lo bytes l{s} of the levels of the 4 codes in the low halves of m{s}, n{s}:
-    the sign byte 0x80 / 0x00 picked from k8 = 0x8000 by the negative flag and added (the positive table's hi
-    bytes have bit 7 clear)."""
+    the sign byte 0x80 / 0x00 picked from k8 = 0x80000000 (byte 7 / byte 0 of the pair k8, k8) by the negative
+    flag and added (the positive table's hi bytes have bit 7 clear)."""
     return f"""
     prmt.b32 sg, k8, k8, n{s};
     prmt.b32 h{s}, hp0, hp1, m{s};
@@ -266,12 +270,21 @@ def _halves(pair, DT: gl.constexpr = gl.bfloat16):
 
 
 @gluon.jit
-def _slots(idx, n0, s1, kn, vn, cn):
+def _slots(idx, n0, s1, kn, vn, cn, CLAMP: gl.constexpr = True):
     """The pool slots of tokens n0.. in the three layouts a tile's loads use (K words, V words, the scores' rows),
-    as int32; tokens at or past s1 read slot 0 (any finite codes: masked where they matter)."""
-    k = gl.load(idx + n0 + kn, mask=(n0 + kn) < s1, other=0).to(gl.int32)
-    v = gl.load(idx + n0 + vn, mask=(n0 + vn) < s1, other=0).to(gl.int32)
-    c = gl.load(idx + n0 + cn, mask=(n0 + cn) < s1, other=0).to(gl.int32)
+    as int32. Tokens at or past s1 (s1 > the split's first token) are masked in the softmax and read any finite
+    codes: CLAMP, the slot of token s1 - 1 (no predicate and no zeroing of each index and scale load: 45 fewer
+    instructions of octave's 32-token iteration, 160 -> 128 registers at head_dim 128, sm_90 SASS); else slot 0
+    by masked loads (int8, where the clamp measured 1-2 % slower at batch 1 x 128k on an H200)."""
+    if CLAMP:
+        last = s1 - 1
+        k = gl.load(idx + gl.minimum(n0 + kn, last)).to(gl.int32)
+        v = gl.load(idx + gl.minimum(n0 + vn, last)).to(gl.int32)
+        c = gl.load(idx + gl.minimum(n0 + cn, last)).to(gl.int32)
+    else:
+        k = gl.load(idx + n0 + kn, mask=(n0 + kn) < s1, other=0).to(gl.int32)
+        v = gl.load(idx + n0 + vn, mask=(n0 + vn) < s1, other=0).to(gl.int32)
+        c = gl.load(idx + n0 + cn, mask=(n0 + cn) < s1, other=0).to(gl.int32)
     return k, v, c
 
 
@@ -310,7 +323,6 @@ def _load_tile(slots, n0, s1, cn, kc_w, vc_w, ks_w, vs_w, kc_stride, vc_stride, 
     v_row = _rows(slots[1], vc_stride, WIDE)
     c_k = _rows(slots[2], ks_stride, WIDE)
     c_v = _rows(slots[2], vs_stride, WIDE)
-    c_ok = (n0 + cn) < s1
     kw = gl.arange(0, 8, layout=gl.SliceLayout(0, K_WORDS))
     vw = gl.arange(0, 8, layout=gl.SliceLayout(0, V_WORDS))
     k_ptr = kc_w + k_row[:, None] + kw[None, :]
@@ -329,15 +341,13 @@ def _load_tile(slots, n0, s1, cn, kc_w, vc_w, ks_w, vs_w, kc_stride, vc_stride, 
                 + _load_v3(vc_w, v_row, vw, 3)
         else:
             v_part = (gl.load(v_ptr), gl.load(v_ptr + 8), gl.load(v_ptr + 16), gl.load(v_ptr + 24))
-        tile = k_part + v_part + (gl.load(ks_p, mask=c_ok, other=0), gl.load(ks_p + 1, mask=c_ok, other=0),
-                                  gl.load(vs_p, mask=c_ok, other=0), gl.load(vs_p + 1, mask=c_ok, other=0))
+        tile = k_part + v_part + (gl.load(ks_p), gl.load(ks_p + 1), gl.load(vs_p), gl.load(vs_p + 1))
     else:
         if V3:
             v_part = _load_v3(vc_w, v_row, vw, 0) + _load_v3(vc_w, v_row, vw, 1)
         else:
             v_part = (gl.load(v_ptr), gl.load(v_ptr + 8))
-        tile = (gl.load(k_ptr), gl.load(k_ptr + 8)) + v_part + (gl.load(ks_p, mask=c_ok, other=0),
-                                                              gl.load(vs_p, mask=c_ok, other=0))
+        tile = (gl.load(k_ptr), gl.load(k_ptr + 8)) + v_part + (gl.load(ks_p), gl.load(vs_p))
     return tile
 
 
@@ -363,6 +373,8 @@ PTX_PER_LANE: gl.constexpr = gl.constexpr("""{
 }""")
 LUT_LANE_ZEROS = 32
 LUT_ZEROS_AT: gl.constexpr = gl.constexpr(10)  # len(lut_words())
+# then the K rotation's signs of blocks 0..3 (float32 bit patterns, 64 a block): the octave kernel rotates q
+K_SIGNS_AT: gl.constexpr = gl.constexpr(10 + LUT_LANE_ZEROS)
 
 
 @gluon.jit
@@ -529,8 +541,46 @@ def _store_block(mid_o, o, inv, offs, h_ok, d0):
 
 
 @gluon.jit
-def _load_q(q_ptr, q_off, q_mask, d0, qk_scale):
-    return (gl.load(q_ptr + q_off + d0, mask=q_mask, other=0.0) * qk_scale).to(gl.bfloat16)
+def _k_order(k):
+    """The block dim a dot's contraction index k stands for (module docstring): 16 t + 8 c1 + 4 c0 + 2 h + e
+    for k = 32 c1 + 16 c0 + 8 h + 2 t + e."""
+    return 16 * ((k >> 1) & 3) + 8 * ((k >> 5) & 1) + 4 * ((k >> 4) & 1) + 2 * ((k >> 3) & 1) + (k & 1)
+
+
+PTX_PARITY: gl.constexpr = gl.constexpr("""{
+    .reg .b32 t;
+    and.b32 t, $1, $2;
+    popc.b32 t, t;
+    and.b32 $0, t, 1;
+}""")
+
+
+@gluon.jit
+def _hadamard_a(A_OP: gl.constexpr):
+    """H64 / 8 with its rows in the permuted K order, as a dot's left operand: bf16 [64, 64], entry (k, j) =
+    (-1)^popcount(_k_order(k) & j) / 8 (exact in bf16). Built once per program, from indices."""
+    k = gl.arange(0, 64, layout=gl.SliceLayout(1, A_OP))
+    j = gl.arange(0, 64, layout=gl.SliceLayout(0, A_OP))
+    zeros = gl.zeros([64, 64], gl.int32, layout=A_OP)
+    odd = gl.inline_asm_elementwise(PTX_PARITY, "=r,r,r", [zeros + _k_order(k)[:, None], zeros + j[None, :]],
+                                    dtype=gl.int32, is_pure=True, pack=1)
+    return gl.where(odd != 0, -0.125, 0.125).to(gl.bfloat16)
+
+
+@gluon.jit
+def _rotated_q(q_ptr, signs, q_row, q_mask, d0, qk_scale, h_a, B_OP: gl.constexpr, MMA: gl.constexpr):
+    """One 64-dim block of the group's queries, rotated into the octave basis (R q = H64 diag(signs) q / 8) and
+    pre-scaled, as the [64, 8] right operand in the permuted K order: the rotation is a dot with _hadamard_a,
+    whose rows carry the permutation. q (any float dtype) is split into bf16 high and low parts, so the products
+    are exact and the sums float32, as rotate_rows' float32 matmul. q_row: the group's rows (offsets, [1, 8])."""
+    j = gl.arange(0, 64, layout=gl.SliceLayout(1, B_OP))
+    x = gl.load(q_ptr + q_row + d0 + j[:, None], mask=q_mask, other=0.0).to(gl.float32)
+    x = x * gl.load(signs + d0 + j)[:, None]
+    hi = x.to(gl.bfloat16)
+    lo = (x - hi.to(gl.float32)).to(gl.bfloat16)
+    y = mma_v2(h_a, lo, gl.zeros([64, 8], gl.float32, layout=MMA))
+    y = mma_v2(h_a, hi, y)
+    return gl.convert_layout((y * qk_scale).to(gl.bfloat16), B_OP)
 
 
 @gluon.jit
@@ -555,8 +605,7 @@ def _q_operand_offsets(batch, kv_head, stride_q_b, stride_q_h, GROUP: gl.constex
     order (module docstring): row k holds dim 16 t + 8 c1 + 4 c0 + 2 h + e, column n the group's q head n."""
     qk = gl.arange(0, 64, layout=gl.SliceLayout(1, B_OP))
     qh = gl.arange(0, 8, layout=gl.SliceLayout(0, B_OP))
-    q_dim = 16 * ((qk >> 1) & 3) + 8 * ((qk >> 5) & 1) + 4 * ((qk >> 4) & 1) + 2 * ((qk >> 3) & 1) + (qk & 1)
-    q_off = batch * stride_q_b + (kv_head * GROUP + qh).to(gl.int64)[None, :] * stride_q_h + q_dim[:, None]
+    q_off = batch * stride_q_b + (kv_head * GROUP + qh).to(gl.int64)[None, :] * stride_q_h + _k_order(qk)[:, None]
     return q_off, (qh < GROUP)[None, :]
 
 
@@ -641,13 +690,18 @@ def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, k
     batch, kv_head, split, kv_start, s0, s1 = _program_split(kv_indptr, num_kv_splits, MIN_BLOCK, SPLIT_MUL)
     if s1 > s0:
         qk_scale = sm_scale * LOG2E
-        # q^T in the permuted K order, pre-scaled: one [64, 8] right operand per block
-        q_off, q_mask = _q_operand_offsets(batch, kv_head, stride_q_b, stride_q_h, GROUP, B_OP)
-        q0 = _load_q(q_ptr, q_off, q_mask, 0, qk_scale)
-        q1 = _load_q(q_ptr, q_off, q_mask, 64, qk_scale)
+        # q^T rotated here (q_ptr holds the queries as the model made them), in the permuted K order, pre-scaled:
+        # one [64, 8] right operand per block
+        qh = gl.arange(0, 8, layout=gl.SliceLayout(0, B_OP))
+        q_row = (batch * stride_q_b + (kv_head * GROUP + qh).to(gl.int64) * stride_q_h)[None, :]
+        q_mask = (qh < GROUP)[None, :]
+        h_a = _hadamard_a(A_OP)
+        signs = (lut_ptr + K_SIGNS_AT).to(gl.pointer_type(gl.float32), bitcast=True)
+        q0 = _rotated_q(q_ptr, signs, q_row, q_mask, 0, qk_scale, h_a, B_OP, MMA)
+        q1 = _rotated_q(q_ptr, signs, q_row, q_mask, 64, qk_scale, h_a, B_OP, MMA)
         if D256:
-            q2 = _load_q(q_ptr, q_off, q_mask, 128, qk_scale)
-            q3 = _load_q(q_ptr, q_off, q_mask, 192, qk_scale)
+            q2 = _rotated_q(q_ptr, signs, q_row, q_mask, 128, qk_scale, h_a, B_OP, MMA)
+            q3 = _rotated_q(q_ptr, signs, q_row, q_mask, 192, qk_scale, h_a, B_OP, MMA)
         lut = _load_lut(lut_ptr)
         if D256 or V3:
             lut3 = _load_lut3(lut_ptr)
@@ -729,7 +783,7 @@ def _load_tile8(idx, n0, s1, kn, vn, cn, kc_w, vc_w, ks_p, vs_p, kc_stride, vc_s
                 K_WORDS: gl.constexpr, V_WORDS: gl.constexpr, NB: gl.constexpr, WIDE: gl.constexpr):
     """An int8 tile's words (tokens n0..): per 64-dim block b, K [N, 16] (K_WORDS: one 128-bit load per token)
     and V [N, 16] (V_WORDS); then the K and V scales [N] (float32, one per token and head)."""
-    slots = _slots(idx, n0, s1, kn, vn, cn)
+    slots = _slots(idx, n0, s1, kn, vn, cn, False)
     k_row = _rows(slots[0], kc_stride, WIDE)
     v_row = _rows(slots[1], vc_stride, WIDE)
     c_ok = (n0 + cn) < s1
@@ -847,12 +901,14 @@ _LUT: dict = {}
 
 
 def lut_tensor(device) -> torch.Tensor:
-    """LUT_NAMES' words and LUT_LANE_ZEROS zeros (_load_lut) as an int32 tensor on `device` (cached)."""
+    """lut_words(), LUT_LANE_ZEROS zeros (_load_lut) and the K rotation's signs of 4 blocks (K_SIGNS_AT) as an
+    int32 tensor on `device` (cached)."""
     key = str(device)
     if key not in _LUT:
         words = lut_words()
-        assert len(words) == LUT_ZEROS_AT.value
-        _LUT[key] = torch.tensor(words + [0] * LUT_LANE_ZEROS, dtype=torch.int32, device=device)
+        assert len(words) == LUT_ZEROS_AT.value and len(words) + LUT_LANE_ZEROS == K_SIGNS_AT.value
+        signs = rotation.signs(rotation.K_TENSOR, 4).reshape(-1).view(torch.int32).tolist()
+        _LUT[key] = torch.tensor(words + [0] * LUT_LANE_ZEROS + signs, dtype=torch.int32, device=device)
     return _LUT[key]
 
 
