@@ -237,7 +237,8 @@ def _decode_stage2(mid_o, mid_lse, out_ptr, kv_indptr, num_kv_splits, sign_ptr,
     # rotated basis here, x = diag(signs) H64 y / 8 per 64-dim block (sign_ptr: the V signs, [D]), instead of by
     # a rotate_rows launch. Measured on an H200 at batch 8 x 64 heads x head_dim 256 (33 splits): stage 2 took
     # 11.6 us with it against 4.5 us plus the launch's 7 us before. The merge in the [splits, blocks, 8, 8] shape
-    # is the likely cost (4.5 us as a [splits, D] tile); not yet tried: merging as before, then the reshape.
+    # is the likely cost (4.5 us as a [splits, D] tile); merging as before, then the reshape: branch
+    # round17-stage2-reshape, not timed yet.
     batch = tl.program_id(0).to(tl.int64)  # a q row: request batch // Q_LEN
     head = tl.program_id(1)
     offs_d = tl.arange(0, D)
@@ -591,15 +592,15 @@ def _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, 
                 block_n: int, fill_waves: bool, batch: int, h_kv: int, group: int) -> torch.Tensor:
     """decode_attention through decode_mma's stage 1. Split counts: with num_kv_splits given (SGLang's backend
     passes its own, at most max_kv_splits), each request's count times split_mul, the smallest multiplier whose
-    grid fills the GPU's resident one-warp programs; without, wave_splits' choice up to mma_max_splits."""
+    grid fills the GPU's resident one-warp programs; without, wave_splits' choice up to mma_max_splits. q goes in
+    as the model made it: the octave kernel rotates it itself (decode_mma._rotated_q)."""
     dev = q.device
-    q_in = q  # the octave kernel rotates q itself (decode_mma._rotated_q); int8 has no rotation
     kc, ks, vc, vs = attention_planes(fmt, planes)
-    key = ("mma", dev.index, q.shape[-1], vc.shape[-1], vc.dtype, q_in.dtype, kv_indices.dtype, group, block_n)
+    key = ("mma", dev.index, q.shape[-1], vc.shape[-1], vc.dtype, q.dtype, kv_indices.dtype, group, block_n)
     if key not in _RESIDENT:
         ph = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
         one = torch.ones(1, dtype=torch.int32, device=dev)
-        kernel = decode_mma.launch_stage1(None, q_in, kc, ks, vc, vs, kv_indptr, kv_indices, one, ph, ph[0], sm_scale,
+        kernel = decode_mma.launch_stage1(None, q, kc, ks, vc, vs, kv_indptr, kv_indices, one, ph, ph[0], sm_scale,
                                           group, block_n, MIN_BLOCK_KV, warmup=True)
         _RESIDENT[key] = resident_programs(kernel, dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -620,6 +621,6 @@ def _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, 
     rows, hq, d = q.shape
     mid_o = torch.empty(rows, hq, grid_splits, d, dtype=torch.float32, device=dev)
     mid_lse = torch.empty(rows, hq, grid_splits, dtype=torch.float32, device=dev)
-    decode_mma.launch_stage1((batch, h_kv, grid_splits), q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits,
+    decode_mma.launch_stage1((batch, h_kv, grid_splits), q, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits,
                              mid_o, mid_lse, sm_scale, group, block_n, MIN_BLOCK_KV, split_mul=split_mul)
     return _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits, split_mul=split_mul)
