@@ -235,10 +235,8 @@ def _decode_stage2(mid_o, mid_lse, out_ptr, kv_indptr, num_kv_splits, sign_ptr,
     # no chain of dependent loads (a loop over the splits was latency-bound: 6-7 us for batch 8 x 64 heads x
     # 16 splits on an H200, 13 us with 32 splits). UNROTATE (octave): the merged output is taken back out of the
     # rotated basis here, x = diag(signs) H64 y / 8 per 64-dim block (sign_ptr: the V signs, [D]), instead of by
-    # a rotate_rows launch. Measured on an H200 at batch 8 x 64 heads x head_dim 256 (33 splits): stage 2 took
-    # 11.6 us with it against 4.5 us plus the launch's 7 us before. The merge in the [splits, blocks, 8, 8] shape
-    # is the likely cost (4.5 us as a [splits, D] tile); merging as before, then the reshape: branch
-    # round17-stage2-reshape, not timed yet.
+    # a rotate_rows launch: 6.5 us at batch 8 x 32 heads x head_dim 256 (33 splits) on an H200, against 4.5 us
+    # without it plus the launch's 7 us (docs/benchmarks/kernels.md, round 18).
     batch = tl.program_id(0).to(tl.int64)  # a q row: request batch // Q_LEN
     head = tl.program_id(1)
     offs_d = tl.arange(0, D)
@@ -255,26 +253,25 @@ def _decode_stage2(mid_o, mid_lse, out_ptr, kv_indptr, num_kv_splits, sign_ptr,
     lse = tl.load(mid_lse + batch * stride_ml_b + head * stride_ml_h + offs_s, mask=use, other=float("-inf"))
     w = tl.where(use, tl.exp(lse - tl.maximum(tl.max(lse, axis=0), -1e30)), 0.0)  # no split: no -inf - -inf
     e_sum = tl.sum(w, axis=0)
-    part_row = mid_o + batch * stride_mo_b + head * stride_mo_h
+    part = tl.load(mid_o + batch * stride_mo_b + head * stride_mo_h + offs_s[:, None] * stride_mo_s + offs_d[None, :],
+                   mask=use[:, None], other=0.0)
+    acc = tl.sum(w[:, None] * part, axis=0)
+    out = tl.where(e_sum > 0, acc / tl.maximum(e_sum, 1e-30), 0.0)
     out_row = out_ptr + batch * stride_o_b + head * stride_o_h
     if UNROTATE:
         # dim 64 b + 8 a + c at [b, a, c]; H64 = H8 (x) H8 (Sylvester order: (-1)^popcount(i & j) factors over
-        # the two octal digits), so H64 y is H8 Y H8 on each block's 8 x 8 view Y: two contractions of 8
+        # the two octal digits), so H64 y is H8 Y H8 on each block's 8 x 8 view Y: two contractions of 8. The
+        # merge above stays a [splits, D] tile and only the merged row is reshaped: merging in the
+        # [splits, blocks, 8, 8] shape took stage 2 to 11.6 us (round 17).
         i8 = tl.arange(0, 8)
         dim3 = tl.arange(0, D // 64)[:, None, None] * 64 + i8[None, :, None] * 8 + i8[None, None, :]
-        part = tl.load(part_row + offs_s[:, None, None, None] * stride_mo_s + dim3[None],
-                       mask=use[:, None, None, None], other=0.0)
-        acc = tl.sum(w[:, None, None, None] * part, axis=0)
-        y = tl.where(e_sum > 0, acc / tl.maximum(e_sum, 1e-30), 0.0)  # [blocks, 8 (a), 8 (c)]
+        y = tl.reshape(out, [D // 64, 8, 8])
         both = i8[:, None] & i8[None, :]
         h8 = tl.where(((both ^ (both >> 1) ^ (both >> 2)) & 1) != 0, -1.0, 1.0)  # H8, symmetric
         t = tl.sum(h8[None, :, :, None] * y[:, None, :, :], axis=2)  # [b, a', c]: sum over a
         x = tl.sum(t[:, :, None, :] * h8[None, None, :, :], axis=3)  # [b, a', c']: sum over c
         tl.store(out_row + dim3, (x * (tl.load(sign_ptr + dim3) * 0.125)).to(out_ptr.dtype.element_ty))
     else:
-        part = tl.load(part_row + offs_s[:, None] * stride_mo_s + offs_d[None, :], mask=use[:, None], other=0.0)
-        acc = tl.sum(w[:, None] * part, axis=0)
-        out = tl.where(e_sum > 0, acc / tl.maximum(e_sum, 1e-30), 0.0)
         tl.store(out_row + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
