@@ -164,9 +164,15 @@ def _shifted(x: torch.Tensor, s: int, n: int) -> torch.Tensor:
     return out
 
 
-def corpus_vocab(sequences: list[Sequence]) -> torch.Tensor:
-    """Sorted ids of every token and greedy label in `sequences`."""
-    return torch.unique(torch.cat([torch.cat([s.tokens, s.greedy]) for s in sequences]))
+def corpus_vocab(sequences: list[Sequence], limit: int | None = None) -> torch.Tensor:
+    """Sorted ids of every token and greedy label in `sequences`; with `limit`, only the `limit` most frequent
+    of them (ties: the smaller id)."""
+    ids = torch.cat([torch.cat([s.tokens, s.greedy]) for s in sequences])
+    if limit is None:
+        return torch.unique(ids)
+    counts = torch.bincount(ids)
+    order = torch.sort(counts, descending=True, stable=True).indices
+    return torch.sort(order[:min(limit, int((counts > 0).sum()))]).values
 
 
 __all__ = ["TOP_TARGETS", "OutputHead", "StepLosses", "collate", "corpus_vocab", "top_targets", "unrolled_losses"]

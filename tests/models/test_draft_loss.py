@@ -81,6 +81,16 @@ def test_vocab_subset_restricts_the_logits(tmp_path):
     torch.testing.assert_close(sub.hidden_err, full.hidden_err)
 
 
+def test_vocab_limit_keeps_the_most_frequent_ids():
+    seqs = [Sequence(torch.tensor([5, 5, 5, 9, 2]), torch.zeros(5, 4), torch.tensor([9, 9, 7, 2, 2]), 1),
+            Sequence(torch.tensor([7, 3]), torch.zeros(2, 4), torch.tensor([3, 11]), 1)]
+    # counts: 2 -> 3, 3 -> 2, 5 -> 3, 7 -> 2, 9 -> 3, 11 -> 1
+    assert corpus_vocab(seqs).tolist() == [2, 3, 5, 7, 9, 11]
+    assert corpus_vocab(seqs, limit=3).tolist() == [2, 5, 9]
+    assert corpus_vocab(seqs, limit=4).tolist() == [2, 3, 5, 9]  # ties: the smaller id
+    assert corpus_vocab(seqs, limit=100).tolist() == [2, 3, 5, 7, 9, 11]
+
+
 def test_collate_marks_continuation_labels():
     seqs = [Sequence(torch.arange(6), torch.zeros(6, 4), torch.arange(6), 3),
             Sequence(torch.arange(4), torch.zeros(4, 4), torch.arange(4), 1)]

@@ -7,18 +7,30 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
+
+from tiny_llama import TINY_CONFIG, write_tiny_llama
 
 from sglang_ext.models.__main__ import main
+from sglang_ext.models.draft_corpus import Sequence, generate
 from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_mtp_weights
-from sglang_ext.models.draft_corpus import generate
-from sglang_ext.models.train_draft import DraftTrainConfig, batch_order, corpus_batch, load_base, train_draft
+from sglang_ext.models.mtp_layer import MtpLayer
+from sglang_ext.models.train_draft import (
+    DraftTrainConfig,
+    batch_order,
+    corpus_batch,
+    linear_start,
+    load_base,
+    train_draft,
+)
 
 
 def test_tiny_training_run_lowers_the_loss_and_writes_a_measured_checkpoint(model_dir, tmp_path):
     torch.set_num_threads(2)
     config = DraftTrainConfig(minutes=30, heldout_prompts=2, new_tokens=16,
                               corpus_batch_prompts=6, max_corpus_batches=1, max_train_steps=16, batch_sequences=4,
-                              lr=1e-3, warmup_steps=2, validation_share=0.2, validations=4, single_step_share=0.5)
+                              lr=1e-3, warmup_steps=2, validation_share=0.2, validations=4, single_step_share=0.5,
+                              linear_start_ridge=0.0)  # from the last layer: a fitted start has little loss to lose
     lines = []
     result = train_draft(config, base_dir=model_dir, out_dir=tmp_path / "mtp", log=lines.append)
     assert result.corpus_sequences >= 4 and result.train_steps == 16
@@ -38,7 +50,24 @@ def test_tiny_training_run_lowers_the_loss_and_writes_a_measured_checkpoint(mode
     saved = json.loads((tmp_path / "mtp" / "draft-training.json").read_text())
     assert saved["result"]["after"] == after
     assert json.loads((tmp_path / "mtp" / "config.json").read_text())["architectures"] == ["MiMoForCausalLM"]
+    assert result.start is None
     shutil.rmtree(tmp_path / "mtp")  # 270 MB; pytest keeps the last runs' tmp folders
+
+
+def test_tiny_training_run_from_the_linear_start(model_dir, tmp_path):
+    torch.set_num_threads(2)
+    config = DraftTrainConfig(minutes=30, heldout_prompts=2, new_tokens=16, corpus_batch_prompts=6,
+                              max_corpus_batches=1, max_train_steps=4, validations=1, vocab_limit=64)
+    lines = []
+    result = train_draft(config, base_dir=model_dir, out_dir=tmp_path / "mtp", log=lines.append)
+    assert any("linear start: accept length" in line for line in lines)
+    assert any("logits over the 64 most frequent token ids" in line for line in lines)
+    assert result.start["rounds"] > 0 and 1.0 <= result.start["mean_accept_length"] <= 1 + config.draft_steps
+    trained = load_mtp_weights(tmp_path / "mtp")
+    # the start zeroes the branches' output projections; training moves them
+    assert torch.count_nonzero(trained["self_attn.o_proj.weight"]) > 0
+    assert torch.count_nonzero(trained["mlp.down_proj.weight"]) > 0
+    shutil.rmtree(tmp_path / "mtp")
 
 
 def test_generate_records_the_hidden_states_of_a_full_forward_pass(model_dir):
@@ -107,3 +136,58 @@ def test_batch_order_covers_every_sequence_once_with_less_padding():
         assert all(1 <= len(b) <= 4 for b in batches) and sum(len(b) < 4 for b in batches) <= 4
     assert padded(sorted_) < 0.9 * padded(plain), (padded(sorted_), padded(plain), sum(lengths))
     assert batch_order(lengths, 4, 16, random.Random(0)) == sorted_  # seeded
+
+
+def test_linear_start_fits_the_normalised_target_from_the_layers_own_inputs(tmp_path):
+    """Sequences made by a linear draft (h_{t+1} = final_layernorm(A u_t), branches zero): linear_start's weight
+    is the least-squares fit of z / rms(z), z = h_{t+1} / w, from what input_proj sees in a forward pass
+    (captured by a hook here, so the features are the layer's own: norms, the position-0 mask), and the fitted
+    layer's outputs point where h_{t+1} does, which the starting layer's do not."""
+    g = torch.Generator().manual_seed(0)
+    hidden_size, vocab = TINY_CONFIG["hidden_size"], 40
+    weights = fixed_seed_mtp_weights(write_tiny_llama(tmp_path / "base"), seed=3)
+    weights["final_layernorm.weight"] = 0.2 + 2 * torch.rand(hidden_size, generator=g)  # uneven: h / w matters
+    weights["hidden_layernorm.weight"] = 0.5 + torch.rand(hidden_size, generator=g)
+    teacher = MtpLayer(TINY_CONFIG)
+    teacher.load_state_dict(weights)
+    with torch.no_grad():
+        teacher.input_proj.weight.copy_(torch.randn(hidden_size, 2 * hidden_size, generator=g) * 0.3)
+        teacher.self_attn.o_proj.weight.zero_()
+        teacher.mlp.down_proj.weight.zero_()
+    embed = torch.randn(vocab, hidden_size, generator=g)
+    sequences = []
+    with torch.no_grad():
+        for _ in range(12):
+            tokens = torch.randint(0, vocab, (24,), generator=g)
+            h = [torch.randn(hidden_size, generator=g)]
+            for t in range(len(tokens) - 1):  # the teacher's step at position t makes h_{t+1}
+                out, _ = teacher(h[t][None, None], embed[tokens[t + 1]][None, None], torch.tensor([[t]]))
+                h.append(out[0, 0])
+            sequences.append(Sequence(tokens, torch.stack(h), tokens.clone(), prompt_len=1))
+
+    student = MtpLayer(TINY_CONFIG)
+    student.load_state_dict(weights)  # the last layer's branches, input_proj [I | I] / 2 + noise
+    seen = []
+    hook = student.input_proj.register_forward_hook(lambda module, args, out: seen.append(args[0][0]))
+
+    def outputs():
+        seen.clear()
+        with torch.no_grad():
+            return [student(s.hidden[None, :-1], embed[s.tokens[1:]][None], torch.arange(len(s.tokens) - 1)[None])[0][0]
+                    for s in sequences]
+
+    def alignment(outs):  # mean cosine of output and h_{t+1}
+        return torch.cat([F.cosine_similarity(o, s.hidden[1:], dim=-1) for o, s in zip(outs, sequences)]).mean()
+
+    before = alignment(outputs())
+    features = torch.cat(seen).double()
+    linear_start(student, embed, sequences, ridge=0.0)
+    hook.remove()
+    assert torch.count_nonzero(student.self_attn.o_proj.weight) == 0
+    assert torch.count_nonzero(student.mlp.down_proj.weight) == 0
+    z = torch.cat([s.hidden[1:] for s in sequences]) / weights["final_layernorm.weight"]
+    z = (z / z.pow(2).mean(-1, keepdim=True).sqrt()).double()
+    expected = torch.linalg.lstsq(features, z).solution.T.float()
+    torch.testing.assert_close(student.input_proj.weight, expected, atol=1e-4, rtol=1e-4)
+    after = alignment(outputs())
+    assert after > 0.98 and before < 0.8, (before, after)
