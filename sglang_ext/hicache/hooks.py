@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import time
 
 from sglang_ext import compat
 
@@ -61,8 +62,21 @@ def hashed_model_name(model_name: str | None) -> str:
     return "m" + hashlib.blake2b((model_name or "").encode(), digest_size=10).hexdigest()
 
 
+def load_page_hash() -> None:
+    """Load (and on first use build, ~10 s) SGLang's C++ page-hash extension now, at start-up. SGLang loads it
+    lazily in its storage threads; a /flush_cache that arrives while one of them is still compiling finds the
+    thread busy, fails to stop it and takes the scheduler down ("Failed to stop HiCache storage threads
+    cleanly"), which a fresh install's first HiCache session hit in our tests."""
+    start = time.monotonic()
+    logger.info("sglang-ext HiCache: loading SGLang's page-hash extension (built on first use)")
+    compat.load_hicache_native_hash()
+    logger.info("sglang-ext HiCache: page-hash extension ready in %.1f s", time.monotonic() - start)
+
+
 def _create_backend(original, cls, backend_name, storage_config, mem_pool_host, **kwargs):
     from sglang_ext.hicache.verified_storage import VerifiedPageStorage
+
+    load_page_hash()
 
     pool, pools_sharing_keys = compat.anchor_host_pool(mem_pool_host)
     compressed = getattr(pool, "sglang_ext_host_pool", False)

@@ -97,6 +97,8 @@ def evict_and_reload(server) -> tuple[dict, list[int]]:
 def test_evicted_prompt_comes_back_from_host(server_pool, store, kv_format):
     server = server_pool.get(*server_args(store, kv_format, "layer_first"), name=f"hicache-{kv_format}")
     LOGS[kv_format] = server.log_path
+    # the page-hash extension is loaded at start-up, not by a storage thread that /flush_cache must then stop
+    assert "page-hash extension ready" in server.log_path.read_text(errors="replace")
     cold = server.generate(PROMPT, max_new_tokens=NEW_TOKENS)
     # A fresh server: nothing on device or host, and the pages other formats stored are not its own.
     assert cold["meta_info"]["cached_tokens"] == 0, cold["meta_info"]
