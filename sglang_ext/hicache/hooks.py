@@ -66,7 +66,7 @@ def load_page_hash() -> None:
     """Load (and on first use build, ~10 s) SGLang's C++ page-hash extension now, at start-up. SGLang loads it
     lazily in its storage threads; a /flush_cache that arrives while one of them is still compiling finds the
     thread busy, fails to stop it and takes the scheduler down ("Failed to stop HiCache storage threads
-    cleanly"), which a fresh install's first HiCache session hit in our tests."""
+    cleanly"). Our test suite hit this when the extension was being rebuilt."""
     start = time.monotonic()
     logger.info("sglang-ext HiCache: loading SGLang's page-hash extension (built on first use)")
     compat.load_hicache_native_hash()

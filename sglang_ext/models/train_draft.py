@@ -102,6 +102,10 @@ class DraftTrainConfig:
             raise ValueError(f"step_weights needs one weight per draft step ({self.draft_steps})")
         if not 0 <= self.single_step_share <= 1:
             raise ValueError("single_step_share must be in [0, 1]")
+        if self.linear_start_ridge < 0:
+            raise ValueError(f"linear_start_ridge must be >= 0 (0: no linear start), got {self.linear_start_ridge}")
+        if self.vocab_limit is not None and self.vocab_limit < 1:
+            raise ValueError(f"vocab_limit must be positive or None, got {self.vocab_limit}")
         if self.length_bucket_batches < 1:
             raise ValueError("length_bucket_batches must be at least 1")
         if not 0 <= self.validation_share < 1:
