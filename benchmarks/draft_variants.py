@@ -6,12 +6,13 @@
     python benchmarks/draft_variants.py heldout --prompts 80 --cache /tmp/heldout80.pt DIR [DIR ...]
 
 `corpus` generates as train-draft does (the 16 held-out prompts with the first batch, then batches of 48 training
-prompts, greedy and T=0.8 alternating) until the time is up, saving after every batch. `train` runs `fit_layer`
-with DraftTrainConfig overrides for a fixed time, measures the held-out acceptance with the weights rounded to
-bf16 (as the checkpoint stores them), and prints one JSON line (the load average included). `heldout` measures
-written checkpoints on more held-out prompts than train-draft's 16: the first `--prompts` of the held-out topics
-in train-draft's seed-0 order (so its first 16 are train-draft's own set), continued greedily in float32 (saved to
-`--cache` and reused), one JSON line per checkpoint with the accept length on the first 16, the rest and all.
+prompts, greedy and T=0.8 alternating) until the time is up, saving after every batch. `train` runs train-draft's
+linear start (unless `linear_start_ridge=0`) and `fit_layer` with DraftTrainConfig overrides for a fixed time,
+measures the held-out acceptance with the weights rounded to bf16 (as the checkpoint stores them), and prints one
+JSON line (the load average included). `heldout` measures written checkpoints on more held-out prompts than
+train-draft's 16: the first `--prompts` of the held-out topics in train-draft's seed-0 order (so its first 16 are
+train-draft's own set), continued greedily in float32 (saved to `--cache` and reused), one JSON line per checkpoint
+with the accept length on the first 16, the rest and all.
 """
 
 import argparse
@@ -29,7 +30,7 @@ from sglang_ext.models.draft_corpus import HELDOUT_TOPICS, generate, prompts, tr
 from sglang_ext.models.draft_loss import corpus_vocab
 from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_config, load_mtp_weights
 from sglang_ext.models.mtp_layer import MtpLayer
-from sglang_ext.models.train_draft import DraftTrainConfig, fit_layer, load_base
+from sglang_ext.models.train_draft import DraftTrainConfig, fit_layer, linear_start, load_base
 
 
 def make_corpus(args):
@@ -77,8 +78,10 @@ def train(args):
     validation, training = shuffled[:n_val], shuffled[n_val:]
     mtp = MtpLayer(load_config(base))
     mtp.load_state_dict(fixed_seed_mtp_weights(base, config.seed))
-    start = time.monotonic()
-    fit = fit_layer(mtp, embed, lm_head, training, validation, corpus_vocab(corpus + held), config,
+    start = time.monotonic()  # as in train_draft: the linear start and the vocabulary are part of the time
+    if config.linear_start_ridge > 0:
+        linear_start(mtp, embed, training, config.linear_start_ridge)
+    fit = fit_layer(mtp, embed, lm_head, training, validation, corpus_vocab(training, config.vocab_limit), config,
                     deadline=start + args.seconds, rng=rng, log=lambda *_: None)
     seconds = time.monotonic() - start
     acc = measure(mtp.to(torch.bfloat16).float().eval(), embed, lm_head, held, config.draft_steps)

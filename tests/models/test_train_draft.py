@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from tiny_llama import TINY_CONFIG, write_tiny_llama
 
 from sglang_ext.models.__main__ import main
-from sglang_ext.models.draft_corpus import Sequence, generate
+from sglang_ext.models.draft_corpus import Sequence, decode_batch, generate
 from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_mtp_weights
 from sglang_ext.models.mtp_layer import MtpLayer
 from sglang_ext.models.train_draft import (
@@ -86,6 +86,23 @@ def test_generate_records_the_hidden_states_of_a_full_forward_pass(model_dir):
             assert torch.equal(seq.greedy, model.lm_head(full).argmax(-1))
             if temperature == 0:
                 assert torch.equal(seq.tokens[len(p):], seq.greedy[len(p) - 1:-1])
+
+
+def test_decode_batch_continues_as_transformers_generate(model_dir):
+    """The corpus decoder (packed prefill, preallocated cache, grouped attention) makes the tokens transformers'
+    own greedy `generate` makes from a left-padded batch."""
+    torch.set_num_threads(2)
+    model, tokenizer = load_base(Path(model_dir))
+    texts = ["The moon is", "Write a list of three colours:", "Once upon a time, in a small village by the sea,"]
+    prompt_ids = [tokenizer(t)["input_ids"] for t in texts]
+    new, _, _ = decode_batch(model, prompt_ids, 20)
+    width = max(len(p) for p in prompt_ids)
+    pad = tokenizer.eos_token_id
+    batch = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])
+    with torch.no_grad():
+        out = model.generate(input_ids=batch, attention_mask=(torch.arange(width) >= width - batch.ne(pad).sum(1,
+                             keepdim=True)).long(), max_new_tokens=20, do_sample=False, pad_token_id=pad)
+    assert torch.equal(new, out[:, width:])
 
 
 def test_missing_model_tells_to_prepare(tmp_path, capsys):
