@@ -8,6 +8,7 @@ generation computes them, and the model's greedy next tokens.
 
 import itertools
 import random
+import time
 from dataclasses import dataclass
 
 import torch
@@ -131,10 +132,11 @@ class NucleusGumbel:
 
 @torch.no_grad()
 def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
-             seed: int) -> list[Sequence | None]:
+             seed: int, deadline: float | None = None) -> list[Sequence | None]:
     """Continue each prompt with the base model (temperature 0 = greedy; else NucleusGumbel's top-p sampling,
     reproducible from `seed`) and record hidden states.
-    Returns one entry per prompt, None where fewer than 4 continuation tokens remain.
+    Returns one entry per prompt, None where fewer than 4 continuation tokens remain. With `deadline` (a
+    time.monotonic() value), decoding stops at the first step that starts after it: shorter continuations.
 
     The hidden states are those the generation itself computes (decode_batch), so no second pass over the text
     is needed; the last generated token, never fed back, is dropped. `greedy` is the argmax of lm_head over
@@ -143,7 +145,8 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     simulation relies on it.
     """
     sampler = NucleusGumbel(temperature, torch.Generator().manual_seed(seed)) if temperature > 0 else None
-    out, hidden, greedy = decode_batch(model, prompt_ids, max_new_tokens, sampler, tokenizer.eos_token_id)
+    out, hidden, greedy = decode_batch(model, prompt_ids, max_new_tokens, sampler, tokenizer.eos_token_id,
+                                       deadline)
     width = max(len(p) for p in prompt_ids)
     sequences = []
     for i, p in enumerate(prompt_ids):
@@ -165,14 +168,15 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
 
 
 @torch.no_grad()
-def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, eos_token_id: int | None = None):
+def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, eos_token_id: int | None = None,
+                 deadline: float | None = None):
     """Greedy (or `sampler`) decoding of a Llama-shaped transformers model over a preallocated KV cache.
 
-    Returns (new_tokens [B, steps], hidden [B, width + steps - 1, H], greedy [B, width + steps - 1]): row i's
+    Returns (new_tokens [B, n], hidden [B, width + n - 1, H], greedy [B, width + n - 1]), n <= steps: row i's
     prompt sits right-aligned in the first width = max prompt length positions (the padding before it is
     never computed and never attended to), hidden holds the final norm's output at every fed position and
-    greedy its lm_head argmax. Decoding stops early once every row has made `eos_token_id` (the rest of
-    new_tokens is then 0).
+    greedy its lm_head argmax. Decoding stops early once every row has made `eos_token_id`, or at the first
+    step after `deadline` (time.monotonic()); the tensors then end at the last step made.
 
     Why not transformers' `generate`: its dynamic cache concatenates every layer's K/V at every step and eager
     attention copies them again three times over for the GQA groups, and a left-padded batch prefills its
@@ -180,6 +184,8 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
     about 3x its matrix products; here each prompt is prefilled alone, K/V are written once into their slots
     and the q heads of a group attend to them through a broadcast product.
     """
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
     inner, cfg = model.model, model.config
     batch, width = len(prompt_ids), max(len(p) for p in prompt_ids)
     layers = inner.layers
@@ -260,7 +266,7 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
         new_tokens[:, step] = token
         if eos_token_id is not None:
             finished |= token == eos_token_id
-        if step == steps - 1 or finished.all():
+        if step == steps - 1 or finished.all() or (deadline is not None and time.monotonic() > deadline):
             break
         pos = width + step  # the cache slot of the token fed now
         x = inner.embed_tokens(token)[:, None]
@@ -281,4 +287,5 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
         hidden[:, pos] = h.float()
         logits = logits_of(h)
         greedy[:, pos] = logits.argmax(-1)
-    return new_tokens, hidden, greedy
+    made = step + 1
+    return new_tokens[:, :made], hidden[:, :width + made - 1], greedy[:, :width + made - 1]

@@ -47,20 +47,20 @@ class DraftTrainConfig:
     minutes: float = 20.0
     heldout_prompts: int = 16  # generated greedily in the same batch as the first corpus batch
     new_tokens: int = 128
-    # Measured on the 2-core development machine (bf16, 64 new tokens): 283 tokens/s at 48 prompts a batch,
-    # 410 at 128, 294 at 256 (float32: 164 at 48, 176 at 128).
+    # Measured on the 2-core development machine with transformers' generate (bf16, 64 new tokens): 283 tokens/s
+    # at 48 prompts a batch, 410 at 128, 294 at 256 (float32: 164 at 48, 176 at 128). With decode_batch (float32,
+    # 2-core AVX2 EPYC, 128 new tokens): 116-120 s a batch of 128 (156-165 tokens/s, prompts included); at 256 the
+    # first 32 decode steps made 1.15x the tokens/s of 128 (not adopted: a batch is the unit of the time budget).
     corpus_batch_prompts: int = 128
     # "auto": bfloat16 when the CPU has AMX or AVX512-BF16 (torch.cpu.get_capabilities()), else float32. The
     # held-out continuations are always float32.
     corpus_dtype: str = "auto"
-    # Attention of the corpus generation (transformers' attn_implementation; the held-out continuations keep the
-    # model's default). On the 2-core AMD EPYC machine (bf16, 128 prompts, 64 new tokens): "eager" 24.6 s a batch,
-    # "sdpa" (the default) 36.7 s; its CPU flash kernel was a quarter of the time at one query row.
-    corpus_attention: str = "eager"
     # Training products under torch.autocast in this dtype ("auto": as corpus_dtype; the weights and the
     # optimizer stay float32, the softmaxes float32).
     train_dtype: str = "auto"
-    corpus_share: float = 0.45  # of the budget, held-out generation included; at least one batch is generated
+    # Of the budget, held-out generation included. The first batch always completes; later ones stop decoding when
+    # the share is used up (a batch of 128 prompts takes about 2 minutes on a 2-core AVX2 machine).
+    corpus_share: float = 0.45
     train_end_share: float = 0.93  # training stops here; the rest is the acceptance measurement and the writer
     batch_sequences: int = 4  # small batches, more updates: measured better than 8 and 16 in the same time
     # Batches are cut from windows of this many batches' worth of shuffled sequences, each window sorted by
@@ -110,8 +110,6 @@ class DraftTrainConfig:
             raise ValueError("length_bucket_batches must be at least 1")
         if not 0 <= self.validation_share < 1:
             raise ValueError("validation_share must be in [0, 1)")
-        if self.corpus_attention not in ("eager", "sdpa"):
-            raise ValueError(f"corpus_attention must be eager or sdpa, got {self.corpus_attention!r}")
         for name in ("corpus_dtype", "train_dtype"):
             if getattr(self, name) not in ("auto", "float32", "bfloat16"):
                 raise ValueError(f"{name} must be auto, float32 or bfloat16, got {getattr(self, name)!r}")
@@ -176,7 +174,6 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
                if s is not None]
     corpus_dtype = config.resolved_corpus_dtype()
     model.to(corpus_dtype)
-    model.set_attn_implementation(config.corpus_attention)
     log(f"[train-draft] held-out: {len(heldout)} greedy float32 continuations ({elapsed():.0f} s); corpus in "
         f"{str(corpus_dtype).removeprefix('torch.')}")
     pool = train_prompts(tokenizer, config.seed)
@@ -187,7 +184,10 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
             break
         indices, temperature = corpus_batch(batch_index, len(pool), config)
         chunk = [pool[j] for j in indices]
-        generated = generate(model, tokenizer, chunk, config.new_tokens, temperature, seed=config.seed + batch_index)
+        # every batch after the first stops decoding at the phase's end (shorter continuations, no overrun)
+        stop = start + config.corpus_share * budget if batch_index else None
+        generated = generate(model, tokenizer, chunk, config.new_tokens, temperature, seed=config.seed + batch_index,
+                             deadline=stop)
         corpus += [s for s in generated if s is not None]
         batch_index += 1
         tokens = sum(len(s.tokens) for s in corpus)

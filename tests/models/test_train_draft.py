@@ -103,6 +103,12 @@ def test_decode_batch_continues_as_transformers_generate(model_dir):
         out = model.generate(input_ids=batch, attention_mask=(torch.arange(width) >= width - batch.ne(pad).sum(1,
                              keepdim=True)).long(), max_new_tokens=20, do_sample=False, pad_token_id=pad)
     assert torch.equal(new, out[:, width:])
+    # past its deadline, decoding stops after the step in progress: one token, hidden states of the fed positions
+    import time
+
+    new, hidden, greedy = decode_batch(model, prompt_ids, 20, deadline=time.monotonic())
+    assert new.shape == (3, 1) and hidden.shape[:2] == greedy.shape == (3, width)
+    assert torch.equal(new, out[:, width:width + 1])
 
 
 def test_missing_model_tells_to_prepare(tmp_path, capsys):
