@@ -180,9 +180,9 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
 
     Why not transformers' `generate`: its dynamic cache concatenates every layer's K/V at every step and eager
     attention copies them again three times over for the GQA groups, and a left-padded batch prefills its
-    padding. On a 2-core AMD EPYC with AVX2 only (float32, 128 prompts, 128 new tokens) that made a batch take
-    about 3x its matrix products; here each prompt is prefilled alone, K/V are written once into their slots
-    and the q heads of a group attend to them through a broadcast product.
+    padding. Here the prompts are prefilled as one packed row, K/V are written once into their slots and the q
+    heads of a group attend to them through a broadcast product: on a 2-core AMD EPYC with AVX2 only (float32,
+    128 prompts, 128 new tokens) a batch took 116-120 s against 205-234 s with `generate`.
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
@@ -239,7 +239,7 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
     allowed |= (r[None, :, None] < first[:, None, None])  # padding rows: anything (their output is dropped)
     prefill_mask = torch.zeros(batch, 1, width, width, dtype=dtype).masked_fill_(~allowed[:, None], float("-inf"))
     x = inner.embed_tokens(torch.tensor([t for p in prompt_ids for t in p]))[None]
-    for li, layer in enumerate(layers):
+    for li in range(len(layers)):
         def write(k, v, li=li):
             keys[li, owner, :, row] = k[0].transpose(0, 1)
             values[li, owner, :, row] = v[0].transpose(0, 1)
@@ -272,7 +272,7 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
         x = inner.embed_tokens(token)[:, None]
         position_ids = (lengths + step)[:, None]
         mask = pad_mask[:, None, None, :pos + 1].to(dtype)  # [B, 1, 1, T]
-        for li, layer in enumerate(layers):
+        for li in range(len(layers)):
             def write(k, v, li=li, pos=pos):
                 keys[li, :, :, pos] = k[:, :, 0]
                 values[li, :, :, pos] = v[:, :, 0]
