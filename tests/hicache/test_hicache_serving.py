@@ -51,6 +51,9 @@ def server_args(store: Path, kv_format: str, layout: str) -> tuple[str, ...]:
         "--enable-hierarchical-cache", "--hicache-io-backend", "direct", "--hicache-mem-layout", layout,
         "--hicache-size", "1", "--hicache-storage-backend", "file",
         "--hicache-storage-backend-extra-config", f'{{"file_storage_path": "{store}"}}',
+        # SGLang's default (best_effort) admits a request with whatever its storage prefetch has loaded by then:
+        # on a slow or loaded machine that can be nothing, and the storage tests would see no storage hits.
+        "--hicache-storage-prefetch-policy", "wait_complete",
     )  # fmt: skip
     return args + ("--kv-cache-dtype", kv_format)
 
