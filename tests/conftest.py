@@ -30,31 +30,27 @@ def shared_server(server_pool) -> ServerProcess:
     return server_pool.get(*SHARED_SERVER_ARGS, name="shared")
 
 
-# The server tests in two work units of about equal length, each on its own worker with its own ServerPool: the
-# speculative-decoding servers (1840 s on a 2-core AVX2 CPU, 2026-12-02), and the rest (2300 s).
-SERVERS_B = ("tests/spec/",)
+# `make test` runs pytest -n 2 --dist loadfile --no-loadscope-reorder (pyproject's addopts): each file on one
+# worker (its module fixtures and servers built once; each worker has its own ServerPool), files handed out in
+# collection order. These files go first, longest first (seconds measured one process at a time on a 2-core
+# AVX2 CPU, 2026-12-02), so that no long file starts last; the rest follow in file order.
+SLOW_FILES = {
+    "tests/spec/test_spec_serving.py": 1840,
+    "tests/kernels/test_attention.py": 981,
+    "tests/pp/test_pp_e2e.py": 561,
+    "tests/kvcache/test_kvcache_serving.py": 559,
+    "tests/hicache/test_hicache_serving.py": 414,
+    "tests/kernels/test_store_dequant.py": 299,
+    "tests/sessions/test_agent_sessions.py": 264,
+    "tests/ple/test_gemma3n_e2e.py": 137,
+}
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Work units for `pytest -n 2 --dist loadgroup` (pyproject's addopts). A test that starts SGLang servers
-    runs in one of two groups ("servers-a", "servers-b"), each on one worker in file order: servers are shared
-    across modules, one alive per worker at a time. Any other module runs whole on whichever worker is free (its
-    module fixtures built once). A module that starts servers without the pool marks itself
-    `xdist_group("servers-a")`."""
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        path = item.nodeid.split("::")[0]
-        if "server_pool" in item.fixturenames:
-            group = "servers-b" if path.startswith(SERVERS_B) else "servers-a"
-        else:
-            group = path
-        item.add_marker(pytest.mark.xdist_group(group))
-    if config.getoption("dist", "no") == "loadgroup":
-        # Units go out in order of first appearance (--no-loadscope-reorder): the two server groups first, one to
-        # each worker, then the other modules in file order to whichever worker is free.
-        items.sort(key=lambda item: not item.get_closest_marker("xdist_group").args[0].startswith("servers-"))
+    if not hasattr(config, "workerinput"):  # only on xdist's workers, whose collection order sets the schedule
+        return
+    rank = {path: i for i, path in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: file order kept
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -13,8 +13,6 @@ import sglang_ext.plugin
 from server import ServerProcess
 from tiny_gemma3n import build_tiny_gemma3n
 
-pytestmark = pytest.mark.xdist_group("servers-a")  # starts its own servers: on the servers' worker (conftest.py)
-
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village,"]
 FLAGS = ["--dtype", "float32", "--max-total-tokens", "1024", "--disable-radix-cache"]
 
