@@ -111,9 +111,11 @@ def heldout(args):
     for path in args.dirs:
         mtp = MtpLayer(load_config(base))
         mtp.load_state_dict(load_mtp_weights(path))
-        row = {"checkpoint": path}
+        row = {"checkpoint": path, "steps": args.steps, "topk": args.topk,
+               "draft_tokens": args.draft_tokens or args.steps + 1}
         for name, part in (("first16", held[:16]), ("rest", held[16:]), ("all", held)):
-            r = measure(mtp.eval(), embed, lm_head, [s for s in part if s is not None], 3)
+            r = measure(mtp.eval(), embed, lm_head, [s for s in part if s is not None], args.steps, args.topk,
+                        args.draft_tokens)
             row[name] = {"accept": round(r.mean_accept_length, 4), "rounds": r.rounds,
                          "match": [round(m, 4) for m in r.per_step_match]}
         print(json.dumps(row), flush=True)
@@ -137,6 +139,10 @@ def main():
     h.add_argument("--prompts", type=int, default=80)
     h.add_argument("--cache", default="", help="file for the held-out continuations (made once, then reused)")
     h.add_argument("--threads", type=int, default=2)
+    h.add_argument("--steps", type=int, default=3, help="--speculative-num-steps")
+    h.add_argument("--topk", type=int, default=1, help="--speculative-eagle-topk (> 1: tree drafts)")
+    h.add_argument("--draft-tokens", type=int, default=0,
+                   help="--speculative-num-draft-tokens (default steps + 1: 3 verified drafts at 3 steps)")
     args = parser.parse_args()
     {"corpus": make_corpus, "train": train, "heldout": heldout}[args.command](args)
 

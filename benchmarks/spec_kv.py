@@ -2,6 +2,7 @@
 
     python benchmarks/spec_kv.py [--kv auto int8 octave_k3v4 octave_k3v3] [--deterministic] [--draft DIR]
                                  [--prompts tests|heldout] [--batch B] [--algorithm NEXTN|NGRAM] [--out F]
+                                 [--topk 1 4] [--draft-tokens N]
 
 Per KV format: a plain server, then a NEXTN server (fixed-seed MTP layer, or --draft DIR, a trained one; 3 steps,
 topk 1, 4 draft tokens), one
@@ -18,6 +19,8 @@ template, token ids), up to 128 greedy tokens each, stopping at the end token as
 server's accept length on the simulation's own prompts. --batch B: B prompts per /generate call (scheduled
 together; the list is cycled to fill a batch), tokens/s = completion tokens / wall time of the calls.
 --algorithm NGRAM: the NGRAM drafter (no draft model, 4 draft tokens) instead of NEXTN.
+--topk K [K ...]: one NEXTN server per value (`--speculative-eagle-topk`; > 1 drafts trees), each against the same
+plain server; --draft-tokens N: `--speculative-num-draft-tokens` (default 4: 3 verified draft tokens).
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ def main() -> None:
     ap.add_argument("--prompts", choices=["tests", "heldout"], default="tests")
     ap.add_argument("--batch", type=int, default=1, help="prompts per /generate call")
     ap.add_argument("--algorithm", choices=["NEXTN", "NGRAM"], default="NEXTN")
+    ap.add_argument("--topk", type=int, nargs="+", default=[1], help="--speculative-eagle-topk, one server each")
+    ap.add_argument("--draft-tokens", type=int, default=4, help="--speculative-num-draft-tokens")
     ap.add_argument("--draft", default=None, help="a trained MTP folder (train-draft's output); default: the "
                     "fixed-seed untrained layer")
     args = ap.parse_args()
@@ -125,21 +130,24 @@ def main() -> None:
         write_mtp_checkpoint(model, mtp, fixed_seed_mtp_weights(model, seed=0))
     inputs, new_tokens, ignore_eos = prompt_set(args.prompts, model)
     serve = (inputs, new_tokens, ignore_eos, args.batch)
-    spec_args = nextn_args(str(mtp)) if args.algorithm == "NEXTN" else NGRAM_ARGS
+    spec_configs = ([(k, nextn_args(str(mtp), topk=k, draft_tokens=args.draft_tokens)) for k in args.topk]
+                    if args.algorithm == "NEXTN" else [(None, NGRAM_ARGS)])
     results = []
     mode = ["--enable-deterministic-inference"] if args.deterministic else []
     plain_model = str(mtp) if args.deterministic else model
     for kv in args.kv:
         kv_args = ["--kv-cache-dtype", kv, *mode]
         plain = run_server(plain_model, [*BASE_ARGS, *WATCHDOG, *kv_args], f"bench-plain-{kv}", *serve)
-        nextn = run_server(model, [*BASE_ARGS, *WATCHDOG, *kv_args, *spec_args], f"bench-spec-{kv}", *serve)
-        results.append({"summary": summarise(kv, plain, nextn), "deterministic": args.deterministic,
-                        "prompts": args.prompts, "batch": args.batch, "algorithm": args.algorithm,
-                        "plain": plain, "nextn": nextn})
-        s = results[-1]["summary"]
-        print(f"| {kv} | {s['prompts_identical']}/{s['prompts']} | {s['tokens_identical']}/{s['tokens']} "
-              f"| {s['accept_length']:.3f} | {s['plain_tok_s']:.2f} | {s['nextn_tok_s']:.2f} "
-              f"| {' / '.join(f'{x:.1f}' for x in s['load1'])} |", flush=True)
+        for topk, spec_args in spec_configs:
+            nextn = run_server(model, [*BASE_ARGS, *WATCHDOG, *kv_args, *spec_args], f"bench-spec-{kv}", *serve)
+            results.append({"summary": summarise(kv, plain, nextn), "deterministic": args.deterministic,
+                            "prompts": args.prompts, "batch": args.batch, "algorithm": args.algorithm,
+                            "topk": topk, "draft_tokens": args.draft_tokens if topk else None,
+                            "plain": plain, "nextn": nextn})
+            s = results[-1]["summary"]
+            print(f"| {kv} | topk {topk} | {s['prompts_identical']}/{s['prompts']} | "
+                  f"{s['tokens_identical']}/{s['tokens']} | {s['accept_length']:.3f} | {s['plain_tok_s']:.2f} | "
+                  f"{s['nextn_tok_s']:.2f} | {' / '.join(f'{x:.1f}' for x in s['load1'])} |", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
 

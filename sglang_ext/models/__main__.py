@@ -22,6 +22,10 @@ def _train_draft(args) -> int:
           f"held-out prompts; draft 1 / 1-2 / 1-3 match {' / '.join(f'{m:.3f}' for m in after['per_step_match'])}; "
           f"draft-1 loss {result.loss_first:.3f} -> {result.loss_last:.3f} in {result.train_steps} steps (state of "
           f"step {result.best_step} kept) on {result.corpus_tokens} corpus tokens")
+    if result.after_tree is not None:
+        print(f"tree drafts (--speculative-eagle-topk {config.tree_topk} --speculative-num-draft-tokens "
+              f"{config.draft_steps + 1}): accept length {result.after_tree['mean_accept_length']:.3f} with "
+              f"{config.draft_steps} draft tokens over {result.after_tree['rounds']} verify rounds")
     print(result.out_dir)
     return 0
 

@@ -85,6 +85,9 @@ class DraftTrainConfig:
     single_step_share: float = 0.75
     sample_temperature: float = 0.8  # every other corpus batch is sampled, the others greedy
     draft_steps: int = 3
+    # The trained layer's acceptance is also measured with tree drafts of the same draft_steps verified tokens
+    # (`--speculative-eagle-topk tree_topk --speculative-num-draft-tokens draft_steps + 1`); 0: chain only.
+    tree_topk: int = 4
     validation_share: float = 0.08  # corpus sequences kept out of training to pick the best state
     validations: int = 8  # evaluations over the training time; the state with the best chain match is kept
     seed: int = 0
@@ -142,6 +145,7 @@ class DraftTrainResult:
     before: dict  # Acceptance of the untrained layer on the held-out prompts
     start: dict | None  # ... of the linear start (None: not used)
     after: dict
+    after_tree: dict | None = None  # ... of the trained layer with tree drafts (config.tree_topk)
     seconds: dict = field(default_factory=dict)
 
 
@@ -229,6 +233,11 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
     after = measure(stored.eval(), embed, lm_head, heldout, config.draft_steps)
     log(f"[train-draft] trained layer: accept length {after.mean_accept_length:.3f} with {config.draft_steps} draft "
         f"tokens over {after.rounds} verify rounds; draft prefix match per step {_fmt(after.per_step_match)}")
+    after_tree = None
+    if config.tree_topk > 1:
+        after_tree = measure(stored.eval(), embed, lm_head, heldout, config.draft_steps, config.tree_topk)
+        log(f"[train-draft] trained layer, tree drafts (topk {config.tree_topk}, {config.draft_steps} draft tokens): "
+            f"accept length {after_tree.mean_accept_length:.3f} over {after_tree.rounds} verify rounds")
     seconds["total"] = elapsed()
     tenth = max(len(losses) // 10, 1)
     result = DraftTrainResult(
@@ -243,6 +252,7 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
         before=asdict(before),
         start=asdict(start_acceptance) if start_acceptance is not None else None,
         after=asdict(after),
+        after_tree=asdict(after_tree) if after_tree is not None else None,
         seconds={k: round(v, 1) for k, v in seconds.items()},
     )
     (out_dir / "draft-training.json").write_text(json.dumps({"config": asdict(config), "result": asdict(result)}, indent=2))
