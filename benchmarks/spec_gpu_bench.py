@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 from sglang_ext.kernels import spec_cache_locs, spec_sampling, spec_tree  # noqa: E402
 from sglang_ext.spec import cache_loc_ops, tree_ops, verify_ops  # noqa: E402
 
-ACCEPT_LENGTHS = (1.3, 1.6, 1.67, 2.0, 2.5)
+ACCEPT_LENGTHS = (1.3, 1.6, 1.67, 1.72, 1.8, 2.0, 2.5)
 SHAPE = dict(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, mlp=1536, vocab=49152)
 
 
@@ -235,6 +235,7 @@ class TinyLlama:
         self.inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
         self.fmt, self.planes, self.index = None, None, None
         self.verify_kernel = "decode"  # pool modes: chain verify through "decode" (q_len > 1) or "extend"
+        self.tree = None  # tree_mask_bits of a draft tree (made once per step shape) to verify instead of a chain
 
     def use_pool(self, fmt_name: str) -> None:
         """Attend through our kernels over pool planes of `fmt_name` (bf16, int8, octave_*) instead of SDPA:
@@ -280,9 +281,9 @@ class TinyLlama:
         if q_len == 1:
             kernels.decode_attention(self.fmt, qf, self.planes[i], o, ix["kv_indptr"], ix["kv_indices"],
                                      self.hd ** -0.5)
-        elif self.verify_kernel == "decode":  # chain verify split over the prefix (what the GPU backend runs)
+        elif self.verify_kernel == "decode":  # verify split over the prefix (what the GPU backend runs)
             kernels.decode_attention(self.fmt, qf, self.planes[i], o, ix["kv_indptr"], ix["kv_indices"],
-                                     self.hd ** -0.5, q_len=q_len, new_slots=ix["new"])
+                                     self.hd ** -0.5, q_len=q_len, new_slots=ix["new"], tree_mask=self.tree)
         else:
             kf = k.reshape(-1, self.nkv, self.hd).contiguous()
             kernels.extend_attention(self.fmt, qf, kf, v.reshape(-1, self.nkv, self.hd).contiguous(), o,
@@ -358,11 +359,23 @@ def graph_time_us(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def model_rows(device, reps, contexts, shape, batch=1, attention=("sdpa",)):
+# A verify tree of 4 tokens as `--speculative-eagle-topk 4 --speculative-num-draft-tokens 4` often makes: the
+# verified token, two candidates for the next position, and a child of the first. Token j sees tree[j].
+TREE4 = ((1, 0, 0, 0), (1, 1, 0, 0), (1, 0, 1, 0), (1, 1, 0, 1))
+
+
+def model_rows(device, reps, contexts, shape, batch=1, attention=("sdpa",), tree_topk=0):
     """Step times per attention mode: "sdpa" (torch SDPA over the bf16 cache) or a KV format name (our decode /
     extend kernels over pool planes of that format: TinyLlama.use_pool). A pool mode's row also carries the
-    relative difference of its decode-step logits from SDPA's over the same cache (max |a - b| / max |a|)."""
+    relative difference of its decode-step logits from SDPA's over the same cache (max |a - b| / max |a|).
+    tree_topk > 1: also a 4-token verify with the TREE4 mask and a draft step of tree_topk branch rows per request
+    (SGLang's draft decode with topk > 1: each branch a row over the prefix and its own slots)."""
     model = TinyLlama(**shape, max_ctx=max(contexts) + 16, device=device, batch=batch)
+    branches = None
+    if tree_topk > 1:  # the draft's branch rows: one decoder layer at batch x topk rows
+        branches = TinyLlama(**dict(shape, layers=1), max_ctx=max(contexts) + 16, device=device,
+                             batch=batch * tree_topk)
+        branches.eh_proj = (torch.randn(shape["hidden"], 2 * shape["hidden"]) * 0.02).to(device, torch.bfloat16)
     model.eh_proj = (torch.randn(shape["hidden"], 2 * shape["hidden"]) * 0.02).to(device, torch.bfloat16)
     mtp_layer = [0]  # one decoder layer (its own weights in a real MTP module; the shape is what matters here)
     all_layers = range(shape["layers"])
@@ -373,8 +386,12 @@ def model_rows(device, reps, contexts, shape, batch=1, attention=("sdpa",)):
     for mode in attention:
         if mode == "sdpa":
             model.fmt = None
+            if branches is not None:
+                branches.fmt = None
         else:
             model.use_pool(mode)
+            if branches is not None:
+                branches.use_pool(mode)
         for ctx in contexts:
             rope1 = model.rope_tables(torch.tensor([ctx], device=device))
             rope4 = model.rope_tables(torch.arange(ctx, ctx + 4, device=device))
@@ -400,8 +417,26 @@ def model_rows(device, reps, contexts, shape, batch=1, attention=("sdpa",)):
                     model.verify_kernel = "decode"
                 model.index = idx1
                 t_draft = graph_time_us(lambda: model.forward(one, rope1, ctx, mtp_layer, extra=hidden_prev), reps)
+                t_tree = t_draft_k = None
+                if branches is not None:
+                    tree = torch.tensor(TREE4, dtype=torch.bool, device=device)
+                    tree_mask = torch.ones(4, ctx + 4, dtype=torch.bool, device=device)
+                    tree_mask[:, ctx:] = tree
+                    tree_mask = tree_mask.repeat(shape["heads"] // shape["kv_heads"], 1)
+                    from sglang_ext.kernels.decode import tree_mask_bits
+                    model.index, model.tree = idx4, tree_mask_bits(tree[None].expand(batch, -1, -1))
+                    t_tree = graph_time_us(lambda: model.forward(four, rope4, ctx, all_layers, tree_mask), reps)
+                    model.tree = None
+                    k_rows = torch.tensor([5] * batch * tree_topk, device=device)
+                    hidden_k = torch.randn(batch * tree_topk, shape["hidden"], device=device, dtype=torch.bfloat16)
+                    branches.index = branches.pool_index(ctx, 1) if branches.fmt is not None else None
+                    t_draft_k = graph_time_us(lambda: branches.forward(k_rows, rope1, ctx, [0], extra=hidden_k),
+                                              reps)
             row = {"batch": batch, "context": ctx, "attention": mode, "t_decode_us": round(t_decode, 1),
                    "t_verify4_us": round(t_verify, 1), "t_draft_us": round(t_draft, 1)}
+            if t_tree is not None:
+                row |= {"tree_topk": tree_topk, "t_verify4_tree_us": round(t_tree, 1),
+                        "t_draft_topk_us": round(t_draft_k, 1)}
             if t_verify_extend is not None:
                 row["t_verify4_extend_kernel_us"] = round(t_verify_extend, 1)
             if mode != "sdpa" and ctx in sdpa_logits:
@@ -412,7 +447,9 @@ def model_rows(device, reps, contexts, shape, batch=1, attention=("sdpa",)):
                   f"draft {t_draft:7.1f} us  verify/decode {t_verify / t_decode:.2f}"
                   + (f"  (extend kernel: {t_verify_extend:.1f} us)" if t_verify_extend is not None else "")
                   + (f"  logits vs sdpa {row['logits_rel_diff_vs_sdpa']:.2e}" if "logits_rel_diff_vs_sdpa" in row
-                     else ""), flush=True)
+                     else "")
+                  + (f"  tree verify(4) {t_tree:7.1f} us  draft x{tree_topk} {t_draft_k:7.1f} us" if t_tree else ""),
+                  flush=True)
     return rows
 
 
@@ -428,12 +465,19 @@ def speedup_rows(model, kernels):
             bookkeeping = t("assign_extend_cache_locs") + t("fill_accept_out_cache_loc")
             spec_ops = {"greedy": t("verify_tree_greedy n4") + bookkeeping,
                         "sampling": t("tree_speculative_sampling n4") + bookkeeping}
-            for mode, t_ops in spec_ops.items():
-                denom = m["t_verify4_us"] + 3 * m["t_draft_us"] + t_ops
-                out.append({"batch": m.get("batch", 1), "context": m["context"],
-                            "attention": m.get("attention", "sdpa"), "verify": mode, "op_timing": timing,
-                            "t_spec_ops_us": round(t_ops, 1),
-                            **{f"speedup_at_{a}": round(a * m["t_decode_us"] / denom, 2) for a in ACCEPT_LENGTHS}})
+            # the chain: 3 draft steps of one row; the tree (topk k): the draft extend's row, then 2 steps of k rows
+            drafts = {"chain": 3 * m["t_draft_us"]}
+            if "t_verify4_tree_us" in m:
+                drafts["tree"] = m["t_draft_us"] + 2 * m["t_draft_topk_us"]
+            for draft, t_drafts in drafts.items():
+                t_verify = m["t_verify4_us"] if draft == "chain" else m["t_verify4_tree_us"]
+                for mode, t_ops in spec_ops.items():
+                    denom = t_verify + t_drafts + t_ops
+                    out.append({"batch": m.get("batch", 1), "context": m["context"],
+                                "attention": m.get("attention", "sdpa"), "drafts": draft, "verify": mode,
+                                "op_timing": timing, "t_spec_ops_us": round(t_ops, 1),
+                                **{f"speedup_at_{a}": round(a * m["t_decode_us"] / denom, 2)
+                                   for a in ACCEPT_LENGTHS}})
     return out
 
 
@@ -445,6 +489,8 @@ def main() -> int:
     ap.add_argument("--attention", nargs="+", default=["sdpa"],
                     help="step-time model attention: sdpa and/or KV formats through our kernels (bf16 int8 ...)")
     ap.add_argument("--skip-kernels", action="store_true", help="only the step-time model (needs --kernels-json)")
+    ap.add_argument("--tree-topk", type=int, default=0,
+                    help="> 1: also time a 4-token tree verify (TREE4) and draft steps of this many branch rows")
     ap.add_argument("--kernels-json", default=None, help="spec op timings from an earlier run (its spec_gpu.json)")
     args = ap.parse_args()
     out = Path(args.out)
@@ -464,13 +510,14 @@ def main() -> int:
         shape = SHAPE if not args.quick else dict(SHAPE, layers=2)
         result["model"] = [row for batch in args.batches for row in
                            model_rows(device, reps=20 if args.quick else 200, contexts=(1024, 8192), shape=shape,
-                                      batch=batch, attention=args.attention)]
+                                      batch=batch, attention=args.attention, tree_topk=args.tree_topk)]
         result["speedup_model"] = speedup_rows(result["model"], result["kernels"])
         (out / "spec_gpu.json").write_text(json.dumps(result, indent=1))
-        print("\nbatch context attention    verify   op timing    t_spec_ops  "
+        print("\nbatch context attention    drafts verify   op timing    t_spec_ops  "
               + "  ".join(f"acc {a}" for a in ACCEPT_LENGTHS))
         for r in result["speedup_model"]:
-            print(f"{r['batch']:>5} {r['context']:>7} {r['attention']:<12} {r['verify']:<8} {r['op_timing']:<12} "
+            print(f"{r['batch']:>5} {r['context']:>7} {r['attention']:<12} {r['drafts']:<6} {r['verify']:<8} "
+                  f"{r['op_timing']:<12} "
                   f"{r['t_spec_ops_us']:>8.1f}us  "
                   + "  ".join(f"{r[f'speedup_at_{a}']:>7.2f}" for a in ACCEPT_LENGTHS))
     bad = [r for r in result["kernels"] if not r["exact_match"]]

@@ -30,6 +30,26 @@ from .tiles import accumulate, load_q_blocks, q_blocks_f16, q_rows, scores, stor
 MIN_BLOCK_KV = 32
 DEFAULT_MAX_KV_SPLITS = 16
 MAX_VERIFY_ROWS = 64  # q_len x group rows of one verify program (decode_attention with q_len > 1)
+MAX_TREE_TOKENS = 31  # draft-tree verify: token j's visible drafts are the bits of one int32
+
+
+def verify_tree_mask(custom_mask: torch.Tensor, mask_indptr: torch.Tensor, kv_indptr: torch.Tensor, batch: int,
+                     n: int) -> torch.Tensor:
+    """SGLang's target-verify mask (request b: a row-major bool block [n, l_b + n] at mask_indptr[b], l_b its
+    prefix length from kv_indptr) -> bool [B, n, n], the drafts' columns: decode_attention's tree_mask. Device
+    ops only (no host synchronisation, so it can run inside a captured CUDA graph)."""
+    prefix = (kv_indptr[1:batch + 1] - kv_indptr[:batch]).long()[:, None, None]
+    j = torch.arange(n, device=custom_mask.device)[None, :, None]
+    t = torch.arange(n, device=custom_mask.device)[None, None, :]
+    return custom_mask[mask_indptr[:batch].long()[:, None, None] + j * (prefix + n) + prefix + t].bool()
+
+
+def tree_mask_bits(tree_mask: torch.Tensor) -> torch.Tensor:
+    """bool [B, n, n] (token j sees token t) -> int32 [B * n]: bit t of entry b * n + j."""
+    n = tree_mask.shape[-1]
+    weights = torch.ones(n, dtype=torch.int32, device=tree_mask.device) << torch.arange(n, device=tree_mask.device,
+                                                                                          dtype=torch.int32)
+    return (tree_mask.to(torch.int32) * weights).sum(-1, dtype=torch.int32).reshape(-1)
 # Octave tiles of 16 tokens under dots of at most 32 rows give wrong attention on an H200 with Triton 3.6 (decode
 # and extend, select tree and PTX lookups alike: max error 1.1-2.3 against 1e-3..9e-3 with 32-token tiles; with 64
 # or 128 rows, 16-token tiles pass; the dequant kernel at 16 is right; not root-caused: docs/benchmarks/kernels.md
@@ -143,18 +163,20 @@ def _attend_tile(slot, mask_n, mask_2d, q0, q1, q2, q3, q_scale, e_max, e_sum, a
 
 @triton.jit
 def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_indices, num_kv_splits,
-                   mid_o, mid_lse, sm_scale, new_slots,
+                   mid_o, mid_lse, sm_scale, new_slots, tree_bits,
                    stride_kc_slot, stride_kc_head, stride_ks_slot, stride_ks_head,
                    stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
                    stride_q_b, stride_q_h, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
                    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                    MIN_BLOCK: tl.constexpr, K_N4: tl.constexpr, V_N4: tl.constexpr, NB: tl.constexpr,
                    LOGIT_CAP: tl.constexpr, DOT_BF16: tl.constexpr, LUT: tl.constexpr, I8_F16: tl.constexpr,
-                   Q_LEN: tl.constexpr = 1, BLOCK_T: tl.constexpr = 16, KV_A: tl.constexpr = False):
-    # Q_LEN > 1 (chain verify): request `batch` has Q_LEN query tokens (q rows batch * Q_LEN + j); row r of the
-    # program is (token j = r // GROUP, q head r % GROUP); kv_indptr / kv_indices list the prefix only, and the
-    # Q_LEN new tokens, already stored, are read at new_slots[batch * Q_LEN + t] by the last split, token j
-    # seeing tokens t <= j (causal).
+                   Q_LEN: tl.constexpr = 1, BLOCK_T: tl.constexpr = 16, KV_A: tl.constexpr = False,
+                   TREE: tl.constexpr = False):
+    # Q_LEN > 1 (speculative verify): request `batch` has Q_LEN query tokens (q rows batch * Q_LEN + j); row r of
+    # the program is (token j = r // GROUP, q head r % GROUP); kv_indptr / kv_indices list the prefix only, and
+    # the Q_LEN new tokens, already stored, are read at new_slots[batch * Q_LEN + t] by the last split, token j
+    # seeing tokens t <= j (a chain), or with TREE the tokens t whose bit t is set in tree_bits[batch * Q_LEN + j]
+    # (a draft tree: each node sees its ancestors and itself).
     batch = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -206,7 +228,13 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
                 offs_t = tl.arange(0, BLOCK_T)
                 mask_t = offs_t < Q_LEN
                 slot = tl.load(new_slots + batch * Q_LEN + offs_t, mask=mask_t, other=0).to(tl.int64)
-                if KV_A:
+                if TREE:
+                    bits = tl.load(tree_bits + batch * Q_LEN + tok, mask=mask_h, other=0)
+                    if KV_A:
+                        causal = mask_t[:, None] & (((bits[None, :] >> offs_t[:, None]) & 1) != 0)
+                    else:
+                        causal = mask_t[None, :] & (((bits[:, None] >> offs_t[None, :]) & 1) != 0)
+                elif KV_A:
                     causal = mask_t[:, None] & (offs_t[:, None] <= tok[None, :])
                 else:
                     causal = mask_t[None, :] & (offs_t[None, :] <= tok[:, None])
@@ -425,14 +453,17 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
                      dot_bf16: bool | None = None, num_warps: int | None = None, num_stages: int | None = None,
                      lut: int | None = None, int8_f16: int | None = None, fill_waves: bool = True,
                      maxnreg: int | None = None, q_len: int = 1, new_slots: torch.Tensor | None = None,
-                     min_rows: int | None = None, kv_a: bool | None = None, stage1: str | None = None) -> torch.Tensor:
+                     min_rows: int | None = None, kv_a: bool | None = None, stage1: str | None = None,
+                     tree_mask: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, Hq, D] (float), o [B, Hq, D] (written, every element); kv_indptr [>= B+1], kv_indices int32/int64.
-    q_len > 1 (chain speculative verify): q / o hold q_len tokens per request ([B * q_len, Hq, D], request b's
+    q_len > 1 (speculative verify): q / o hold q_len tokens per request ([B * q_len, Hq, D], request b's
     at rows b * q_len..); kv_indptr / kv_indices list each request's prefix only; the new tokens, already
     stored, are read at new_slots[b * q_len + j] (int, >= B * q_len entries), token j attending to the prefix
     and new tokens 0..j: what extend_attention(..., is_causal=True, new_slots=...) computes, split over the
     prefix like a decode step (one program reads each K/V tile once for all q_len x group rows;
-    group * q_len <= MAX_VERIFY_ROWS).
+    group * q_len <= MAX_VERIFY_ROWS). tree_mask (a draft tree): bool [B, q_len, q_len], token j attending to
+    the prefix and the new tokens t where tree_mask[b, j, t] (q_len <= MAX_TREE_TOKENS) instead of 0..j; or the
+    same as tree_mask_bits' int32 [B * q_len].
     num_kv_splits: int32 [B] splits per request (each <= max_kv_splits); None = the same count for all: on a
     GPU with fill_waves, the count <= max_kv_splits that wave_splits' model of waves x loop iterations
     prefers for the mean length kv_indices.shape[0] / B, else max_kv_splits.
@@ -458,6 +489,15 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     if q_len > 1:
         assert new_slots is not None and new_slots.dim() == 1 and new_slots.shape[0] >= rows, "q_len > 1 needs new_slots"
         assert not new_slots.is_floating_point(), new_slots.dtype
+    tree_bits = None
+    if tree_mask is not None:
+        assert 1 < q_len <= MAX_TREE_TOKENS, (q_len, MAX_TREE_TOKENS)
+        if tree_mask.dtype == torch.bool:
+            assert tree_mask.shape == (batch, q_len, q_len), (tree_mask.shape, batch, q_len)
+            tree_bits = tree_mask_bits(tree_mask)
+        else:  # already tree_mask_bits' int32 [B * q_len] (made once for all layers of a verify step)
+            assert tree_mask.dtype == torch.int32 and tree_mask.shape == (rows,), (tree_mask.dtype, tree_mask.shape)
+            tree_bits = tree_mask
     h_kv = next(iter(planes.values())).shape[1]
     assert d == fmt.head_dim, (d, fmt.head_dim)
     assert q.is_floating_point() and q.stride(-1) == 1, (q.dtype, q.stride())
@@ -512,13 +552,15 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     mid_lse = torch.empty(rows, hq, max_kv_splits, dtype=torch.float32, device=dev)
     kc, ks, vc, vs = attention_planes(fmt, planes)
     args = (q_in, kc, ks, vc, vs, kv_indptr, kv_indices, None, mid_o, mid_lse,
-            sm_scale, new_slots if new_slots is not None else kv_indices, kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1),
+            sm_scale, new_slots if new_slots is not None else kv_indices,
+            tree_bits if tree_bits is not None else kv_indices, kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1),
             vs.stride(0), vs.stride(1), q_in.stride(0), q_in.stride(1), mid_o.stride(0), mid_o.stride(1),
             mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
     consts = dict(FMT=kind, GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, MIN_BLOCK=MIN_BLOCK_KV, K_N4=k_n4,
                   V_N4=v_n4, NB=d // 64, LOGIT_CAP=float(logit_cap), DOT_BF16=bf16_dots,
                   LUT=level_decode(q, bf16_dots, lut), I8_F16=int8_f16_dots(kind, q, bf16_dots, int8_f16),
-                  KV_A=bool(kv_a), Q_LEN=q_len, BLOCK_T=tile_tokens(kind, 16, block_h, q), **launch_opts)
+                  KV_A=bool(kv_a), Q_LEN=q_len, BLOCK_T=tile_tokens(kind, 16, block_h, q),
+                  TREE=tree_bits is not None, **launch_opts)
     grid_splits = max_kv_splits
     if num_kv_splits is None:
         splits = max_kv_splits

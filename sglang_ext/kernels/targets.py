@@ -66,23 +66,26 @@ def _variants():
             common = {"k_codes": codes, "k_scales": scales, "v_codes": codes, "v_scales": scales}
             strides = {s: i32 for s in ("stride_kc_slot", "stride_kc_head", "stride_ks_slot", "stride_ks_head",
                                         "stride_vc_slot", "stride_vc_head", "stride_vs_slot", "stride_vs_head")}
-            # decode; at d128 also the chain-verify variant (4 tokens per request: decode_attention's q_len); and the
-            # launch of decode.DEFAULT_LAUNCH (the default on sm_90 for groups of at most 8), for every target
+            # decode; at d128 also the chain- and tree-verify variants (4 tokens per request: decode_attention's q_len,
+            # tree_mask); and the launch of decode.DEFAULT_LAUNCH (the default on sm_90 for groups of at most 8), for
+            # every target
             launches = [(q_len, "", {}) for q_len in ((1, 4) if d == 128 else (1,))]
+            if d == 128:
+                launches.append((4, " tree", {}))
             if (name, d) in decode.DEFAULT_LAUNCH:
                 launches.append((1, " launch", decode.DEFAULT_LAUNCH[(name, d)]))
             for q_len, suffix, launch in launches:
                 out.append((f"decode_stage1 {tag}" + (f" verify q_len {q_len}" if q_len > 1 else "") + suffix,
                             decode._decode_stage1, dict(
                     q_ptr=p32, **common, kv_indptr=pi32, kv_indices=pi32, num_kv_splits=pi32, mid_o=p32,
-                    mid_lse=p32, sm_scale=f32, new_slots="*i64", **strides, stride_q_b=i32, stride_q_h=i32,
-                    stride_mo_b=i32, stride_mo_h=i32, stride_mo_s=i32, stride_ml_b=i32, stride_ml_h=i32,
+                    mid_lse=p32, sm_scale=f32, new_slots="*i64", tree_bits=pi32, **strides, stride_q_b=i32,
+                    stride_q_h=i32, stride_mo_b=i32, stride_mo_h=i32, stride_mo_s=i32, stride_ml_b=i32, stride_ml_h=i32,
                     FMT=C(fmt), GROUP=C(8), BLOCK_H=C(max(launch.get("min_rows", 16), 8 * q_len)),
                     BLOCK_N=C(launch.get("block_n", decode.default_block_n(fmt, d))), MIN_BLOCK=C(32), K_N4=C(kn4),
                     V_N4=C(vn4), NB=C(d // 64), LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx),
                     I8_F16=C({"cuda": decode.DEFAULT_I8_F16.get(d, decode.I8_F16_BOTH) if fmt == 1
                               else decode.I8_FLOAT32, "hip": decode.I8_FLOAT32}),
-                    Q_LEN=C(q_len), BLOCK_T=C(16), KV_A=C(launch.get("kv_a", False))),
+                    Q_LEN=C(q_len), BLOCK_T=C(16), KV_A=C(launch.get("kv_a", False)), TREE=C(suffix == " tree")),
                     {"num_warps": launch.get("num_warps", 4), "num_stages": launch.get("num_stages"),
                      "maxnreg": PerTarget({"cuda:90": decode.OCTAVE_MAXNREG} if fmt == 2 and q_len == 1 and not launch
                                           else {})}))

@@ -8,8 +8,9 @@ first), as decode reads its current token, so that verify computes the logits se
 output with speculation = without). Chain drafts (EAGLE/NEXTN with topk 1, whose mask is causal) run through
 the decode kernel with q_len tokens per request (split over the prefix like a decode step: the extend kernel
 gives a request's few verify rows one program per KV head, which on an H200 made a 4-token verify over an 8k
-prefix cost 8x a decode step; docs/benchmarks/speculative.md); tree drafts and NGRAM through the extend kernel
-with SGLang's custom mask; draft extend (DRAFT_EXTEND_V2) is an extend
+prefix cost 8x a decode step; docs/benchmarks/speculative.md); so do tree drafts (topk > 1), with the drafts'
+columns of SGLang's custom mask as the decode kernel's tree mask; NGRAM and verifies too large for one decode
+program take the extend kernel with SGLang's custom mask; draft extend (DRAFT_EXTEND_V2) is an extend
 whose kv lists cover the prefix only, which TritonAttnBackend's metadata already gives.
 Only compile-checked on this project's CPU CI; the kernels themselves are tested against the torch reference.
 """
@@ -39,6 +40,7 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         self.kv_pool = pool
         self.kv_format = pool.kv_format
         self._checked_layers: set[int] = set()
+        self._tree: tuple[object, torch.Tensor] | None = None  # (forward batch, its verify tree mask)
 
     def _check(self, layer, sinks, score_mod, aux_tensors) -> None:
         if sinks is not None or score_mod is not None or aux_tensors is not None:
@@ -70,9 +72,10 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
                                       "from the pool, so it must store them (save_kv_cache)")
         o = torch.empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
         md = self.forward_metadata
-        q_len = chain_verify_len(forward_batch, layer) if verify else 1
+        q_len, tree = verify_shape(forward_batch, layer) if verify else (1, False)
         if q_len > 1:
-            return self._decode(q, o, layer, q_len=q_len, new_slots=forward_batch.out_cache_loc)
+            return self._decode(q, o, layer, q_len=q_len, new_slots=forward_batch.out_cache_loc,
+                                tree_mask=self._tree_mask(forward_batch, q_len) if tree else None)
         verify_mask = md.custom_mask if verify else None
         extend_attention(
             self.kv_format,
@@ -110,6 +113,17 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         o = torch.empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
         return self._decode(q, o, layer, num_kv_splits=self.forward_metadata.num_kv_splits)
 
+    def _tree_mask(self, forward_batch, q_len: int) -> torch.Tensor:
+        """The decode kernel's tree mask of this verify batch (SGLang's custom mask's draft columns, as
+        tree_mask_bits), made once per batch for all layers."""
+        from sglang_ext.kernels.decode import tree_mask_bits, verify_tree_mask
+
+        if self._tree is None or self._tree[0] is not forward_batch:
+            md = self.forward_metadata
+            tree = verify_tree_mask(md.custom_mask, md.mask_indptr, md.kv_indptr, forward_batch.batch_size, q_len)
+            self._tree = (forward_batch, tree_mask_bits(tree))
+        return self._tree[1]
+
     def _decode(self, q, o, layer, **kwargs):
         """decode_attention over this layer's planes and the batch's kv lists into o; kwargs: num_kv_splits, or
         q_len / new_slots for a chain verify. Returns o."""
@@ -132,16 +146,21 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         return o
 
 
-def chain_verify_len(forward_batch, layer) -> int:
-    """Draft tokens per request of a chain verify batch (EAGLE/NEXTN topk 1: each draft's mask is causal over
-    the drafts before it), if the decode kernel can take them; else 1 (the extend kernel with the custom mask)."""
-    from sglang_ext.kernels.decode import MAX_VERIFY_ROWS
+def verify_shape(forward_batch, layer) -> tuple[int, bool]:
+    """(draft tokens per request, tree?) of an EAGLE/NEXTN verify batch the decode kernel can take: a chain (topk
+    1: each draft's mask is causal over the drafts before it) or a tree (topk > 1: the custom mask's draft
+    columns); (1, False) otherwise (the extend kernel with the custom mask: NGRAM, or too many rows)."""
+    from sglang_ext.kernels.decode import MAX_TREE_TOKENS, MAX_VERIFY_ROWS
 
     spec = forward_batch.spec_info
-    if getattr(spec, "topk", None) != 1:
-        return 1
+    topk = getattr(spec, "topk", None)
+    if not isinstance(topk, int) or topk < 1:
+        return 1, False
     q_len = int(getattr(spec, "num_tokens_per_req", -1) or -1)
     if q_len <= 0:  # SGLang fills it from draft_token_num when left at -1
         q_len = int(getattr(spec, "draft_token_num", 0) or 0)
     group = layer.tp_q_head_num // layer.tp_k_head_num
-    return q_len if 1 < q_len and q_len * group <= MAX_VERIFY_ROWS else 1
+    tree = topk > 1
+    if 1 < q_len and q_len * group <= MAX_VERIFY_ROWS and (not tree or q_len <= MAX_TREE_TOKENS):
+        return q_len, tree
+    return 1, False

@@ -7,6 +7,7 @@ import torch
 from kernel_test_helpers import allocate_slots, indptr
 
 from sglang_ext.kernels import decode_attention, extend_attention, store_kv
+from sglang_ext.kernels.decode import verify_tree_mask
 from sglang_ext.kvformats import FORMAT_NAMES, get_format, reference
 
 # (head_dim, rotary_dim, kv heads, GQA group)
@@ -332,6 +333,39 @@ def test_chain_verify_through_decode_matches_reference(name, head_dim, rotary_di
     assert not torch.isnan(o).any(), f"{name}: chain verify left output elements unwritten"
     err = (o - ref).abs().max().item()
     assert err < _f32_tol(device), f"{name}: chain verify through decode differs from the reference by {err}"
+
+
+@pytest.mark.parametrize("name,head_dim,rotary_dim,h_kv,group,num_draft,page_size", [
+    ("int8", 64, None, 2, 3, 6, 1), ("octave_k3v4", 128, None, 1, 8, 4, 16)])
+def test_tree_verify_through_decode_matches_reference(name, head_dim, rotary_dim, h_kv, group, num_draft, page_size,
+                                                      device):
+    # decode_attention with q_len > 1 and a tree mask (--speculative-eagle-topk > 1): each draft attends to the
+    # prefix and to the drafts SGLang's verify mask gives it (its ancestors and itself), read at new_slots; the
+    # reference is the extend reference with the same mask. Prefixes: empty, shorter than one tile, several splits.
+    fmt = get_format(name, head_dim, rotary_dim)
+    gen = torch.Generator().manual_seed(29)
+    prefix = [0, 5, 300]
+    planes, flat = _pool(fmt, [lp + num_draft for lp in prefix], page_size, h_kv, gen, device)
+    runs = flat.split([lp + num_draft for lp in prefix])
+    prefix_slots = torch.cat([r[:lp] for r, lp in zip(runs, prefix)]).to(device)
+    draft_slots = torch.cat([r[lp:] for r, lp in zip(runs, prefix)]).to(device)
+    t = num_draft * len(prefix)
+    q = torch.randn(t, h_kv * group, head_dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+    kvp, qo = indptr(prefix, device), indptr([num_draft] * len(prefix), device)
+    mask, mask_indptr = _tree_verify_mask(prefix, num_draft, gen)
+    mask, mask_indptr = mask.to(device), mask_indptr.to(device)
+    tree = verify_tree_mask(mask, mask_indptr, kvp, len(prefix), num_draft)
+    ref = reference.extend_attention(fmt, q, None, None, planes, qo, kvp, prefix_slots, head_dim ** -0.5,
+                                     custom_mask=mask, mask_indptr=mask_indptr, new_slots=draft_slots)
+    chain = reference.extend_attention(fmt, q, None, None, planes, qo, kvp, prefix_slots, head_dim ** -0.5,
+                                       new_slots=draft_slots)
+    assert (chain - ref).abs().max().item() > 1e-3, "these trees equal the chain: the test could not fail"
+    o = torch.full((t, h_kv * group, head_dim), float("nan"), dtype=torch.float32, device=device)
+    decode_attention(fmt, q, planes, o, kvp, prefix_slots, head_dim ** -0.5, max_kv_splits=4, page_size=page_size,
+                     dot_bf16=False, q_len=num_draft, new_slots=draft_slots, tree_mask=tree)
+    assert not torch.isnan(o).any(), f"{name}: tree verify left output elements unwritten"
+    err = (o - ref).abs().max().item()
+    assert err < _f32_tol(device), f"{name}: tree verify through decode differs from the reference by {err}"
 
 
 # The launches of decode.DEFAULT_LAUNCH (on an H200 they are the defaults; under the interpreter only when asked):
