@@ -246,10 +246,11 @@ def test_chain_verify_bitwise_equals_decode_in_batch_invariant_mode(name, batch_
 
 
 @pytest.mark.parametrize("name", ["bf16", "int8", "octave_k3v4"])
-def test_triton_backend_chain_verify_takes_the_decode_kernel(name, monkeypatch):
+def test_triton_backend_verify_takes_the_decode_kernel(name, monkeypatch):
     # The GPU backend's target verify, run here under the Triton interpreter with a fake self: a chain batch
-    # (topk 1) goes through decode_attention with q_len tokens per request, a tree batch through the extend
-    # kernel with SGLang's custom mask; with the chain's causal mask both give the reference's output.
+    # (topk 1) and a tree batch (topk 2, SGLang's custom mask turned into the decode kernel's tree mask) go
+    # through decode_attention with q_len tokens per request; a batch whose spec_info has no topk (NGRAM) through
+    # the extend kernel with the custom mask. Each gives the reference's output for its mask.
     from sglang_ext import kernels
     from sglang_ext.kernels import decode as decode_mod
     from sglang_ext.kvcache import triton_backend
@@ -274,27 +275,35 @@ def test_triton_backend_chain_verify_takes_the_decode_kernel(name, monkeypatch):
     kv_indptr = torch.tensor([0, 37, 37, 127], dtype=torch.int32)
     qo_indptr = torch.arange(0, t + 1, n, dtype=torch.int32)
     chain = torch.ones(n, n, dtype=torch.bool).tril()
-    mask = torch.cat([torch.cat([torch.ones(n, lp, dtype=torch.bool), chain], 1).reshape(-1) for lp in prefix])
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)  # 1, 2 siblings
+
+    def flat(drafts):  # SGLang's verify mask: per request [n, prefix + n], the prefix all visible
+        return torch.cat([torch.cat([torch.ones(n, lp, dtype=torch.bool), drafts], 1).reshape(-1) for lp in prefix])
     mask_indptr = torch.tensor([0] + torch.tensor([n * (lp + n) for lp in prefix]).cumsum(0).tolist(), dtype=torch.int32)
     kernels.store_kv(fmt, planes, draft_slots, k.view(t, H_KV, DIM), v.view(t, H_KV, DIM))  # as verify will
-    ref = reference.extend_attention(fmt, q.view(t, -1, DIM), None, None, planes, qo_indptr, kv_indptr,
-                                     prefix_slots, SCALE, new_slots=draft_slots)
+    refs = {id(m): reference.extend_attention(fmt, q.view(t, -1, DIM), None, None, planes, qo_indptr, kv_indptr,
+                                              prefix_slots, SCALE, custom_mask=flat(m), mask_indptr=mask_indptr,
+                                              new_slots=draft_slots) for m in (chain, tree)}
+    assert (refs[id(chain)] - refs[id(tree)]).abs().max() > 1e-3, "the tree equals the chain: the test could not fail"
     calls = []
     real_decode = decode_mod.decode_attention
     monkeypatch.setattr(decode_mod, "decode_attention",
                         lambda *a, **kw: calls.append(kw.get("q_len")) or real_decode(*a, **kw))
     monkeypatch.setattr(kernels, "decode_attention", decode_mod.decode_attention)
-    for topk, expect in ((1, [n]), (2, [])):
+    for topk, drafts, expect in ((1, chain, [n]), (2, tree, [n]), (None, tree, [])):
         backend = object.__new__(triton_backend.CompressedTritonAttnBackend)
         backend.kv_pool, backend.kv_format, backend._checked_layers = pool, fmt, {0}
-        backend.max_kv_splits, backend.page_size = 4, 1
+        backend.max_kv_splits, backend.page_size, backend._tree = 4, 1, None
         backend._store = lambda layer, fb, k3, v3: kernels.store_kv(fmt, planes, fb.out_cache_loc, k3, v3)
         backend.forward_metadata = SimpleNamespace(kv_indptr=kv_indptr, kv_indices=prefix_slots, qo_indptr=qo_indptr,
-                                                   custom_mask=mask, mask_indptr=mask_indptr, max_extend_len=n)
+                                                   custom_mask=flat(drafts), mask_indptr=mask_indptr, max_extend_len=n)
+        spec = SimpleNamespace(draft_token_num=n, num_tokens_per_req=-1)
+        if topk is not None:
+            spec.topk = topk
         batch = SimpleNamespace(forward_mode=compat.ForwardMode.TARGET_VERIFY, out_cache_loc=draft_slots,
-                                spec_info=SimpleNamespace(topk=topk, draft_token_num=n, num_tokens_per_req=-1))
+                                spec_info=spec, batch_size=len(prefix))
         calls.clear()
         o = backend.forward_extend(q, k, v, LAYER, batch)
         assert calls == expect, (topk, calls)
-        err = (o.view(t, -1, DIM) - ref).abs().max().item()
+        err = (o.view(t, -1, DIM) - refs[id(drafts)]).abs().max().item()
         assert err < 1e-4, f"{name} topk {topk}: verify differs from the reference by {err}"
