@@ -14,8 +14,9 @@ def test_targets_command_compiles_for_all_four_targets():
     for target in ("cuda:80", "cuda:86", "cuda:90", "hip:gfx1100"):
         assert f"{target}" in out.stdout and "FAIL" not in out.stdout, out.stdout
     assert "decode_stage1 octave_k3v3 d128 verify q_len 4" in out.stdout  # the chain-verify variant too
+    assert "decode_stage1 octave_k3v3 d128 verify q_len 4 tree" in out.stdout  # the tree-verify variant
     assert "decode_stage1 octave_k3v3 d128 launch" in out.stdout  # and decode.DEFAULT_LAUNCH's launch
-    assert "12 compiled, 0 failed" in out.stdout
+    assert "16 compiled, 0 failed" in out.stdout  # 4 variants x 4 targets
 
 
 def test_targets_command_builds_the_gluon_decode_for_nvidia_only():
