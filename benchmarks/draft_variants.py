@@ -5,11 +5,12 @@
         --set lr=2e-3 single_step_share=0.75 [--tokens N]
     python benchmarks/draft_variants.py heldout --prompts 80 --cache /tmp/heldout80.pt DIR [DIR ...]
 
-`corpus` generates as train-draft does (the 16 held-out prompts with the first batch, then batches of 48 training
-prompts, greedy and T=0.8 alternating) until the time is up, saving after every batch. `train` runs train-draft's
+`corpus` generates as train-draft did until 2026-11-30 (the 16 held-out prompts with the first batch, then batches of
+48 training prompts, greedy and T=0.8 alternating) until the time is up, saving after every batch; with
+`--like-train-draft` as train-draft does now (the held-out prompts on their own, then its batches of 128). `train` runs train-draft's
 linear start (unless `linear_start_ridge=0`) and `fit_layer` with DraftTrainConfig overrides for a fixed time,
-measures the held-out acceptance with the weights rounded to bf16 (as the checkpoint stores them), and prints one
-JSON line (the load average included). `heldout` measures written checkpoints on more held-out prompts than
+measures the held-out acceptance (chain, and tree drafts of the same verified tokens) with the weights rounded to
+bf16 (as the checkpoint stores them), and prints one JSON line (the load average included). `heldout` measures written checkpoints on more held-out prompts than
 train-draft's 16: the first `--prompts` of the held-out topics in train-draft's seed-0 order (so its first 16 are
 train-draft's own set), continued greedily in float32 (saved to `--cache` and reused), one JSON line per checkpoint
 with the accept length on the first 16, the rest and all.
@@ -30,13 +31,15 @@ from sglang_ext.models.draft_corpus import HELDOUT_TOPICS, generate, prompts, tr
 from sglang_ext.models.draft_loss import corpus_vocab
 from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_config, load_mtp_weights
 from sglang_ext.models.mtp_layer import MtpLayer
-from sglang_ext.models.train_draft import DraftTrainConfig, fit_layer, linear_start, load_base
+from sglang_ext.models.train_draft import DraftTrainConfig, corpus_batch, fit_layer, linear_start, load_base
 
 
 def make_corpus(args):
     start = time.monotonic()
     model, tokenizer = load_base(default_model_dir())
     held_prompts, pool = prompts(HELDOUT_TOPICS, tokenizer, 16, 0), train_prompts(tokenizer, 0)
+    if args.like_train_draft:
+        return _corpus_like_train_draft(args, start, model, tokenizer, held_prompts, pool)
     held, corpus, b = [], [], 0
     while time.monotonic() - start < args.seconds and (b + 1) * 48 <= len(pool):
         chunk, temperature = pool[b * 48:(b + 1) * 48], (0.8 if b % 2 else 0.0)
@@ -53,6 +56,23 @@ def make_corpus(args):
               f"{sum(len(s.tokens) for _, _, s in corpus)} tokens at {time.monotonic() - start:.0f} s", flush=True)
         torch.save({"held": held, "corpus": corpus}, args.out)
         b += 1
+
+
+def _corpus_like_train_draft(args, start, model, tokenizer, held_prompts, pool):
+    """train-draft's corpus phase: the held-out prompts first, then batches of corpus_batch_prompts in the order
+    and with the temperatures of train_draft.corpus_batch, later batches stopping at the deadline."""
+    config = DraftTrainConfig()
+    held = [s for s in generate(model, tokenizer, held_prompts, 128, 0.0, seed=0) if s is not None]
+    corpus, b = [], 0
+    while time.monotonic() - start < args.seconds:
+        indices, temperature = corpus_batch(b, len(pool), config)
+        generated = generate(model, tokenizer, [pool[j] for j in indices], config.new_tokens, temperature, seed=b,
+                             deadline=start + args.seconds if b else None)
+        corpus += [(b, temperature, s) for s in generated if s is not None]
+        b += 1
+        print(f"batch {b} T={temperature}: corpus {sum(len(s.tokens) for _, _, s in corpus)} tokens at "
+              f"{time.monotonic() - start:.0f} s", flush=True)
+        torch.save({"held": held, "corpus": corpus}, args.out)
 
 
 def train(args):
@@ -84,10 +104,13 @@ def train(args):
     fit = fit_layer(mtp, embed, lm_head, training, validation, corpus_vocab(training, config.vocab_limit), config,
                     deadline=start + args.seconds, rng=rng, log=lambda *_: None)
     seconds = time.monotonic() - start
-    acc = measure(mtp.to(torch.bfloat16).float().eval(), embed, lm_head, held, config.draft_steps)
+    stored = mtp.to(torch.bfloat16).float().eval()
+    acc = measure(stored, embed, lm_head, held, config.draft_steps)
+    tree = measure(stored, embed, lm_head, held, config.draft_steps, config.tree_topk)
     print(json.dumps({"name": args.name, "set": args.set, "corpus_tokens": sum(len(s.tokens) for s in corpus),
                       "train_sequences": len(training), "steps": fit.steps, "train_s": round(seconds),
                       "best_step": fit.best_step, "accept": round(acc.mean_accept_length, 4),
+                      "tree_accept": round(tree.mean_accept_length, 4),
                       "match": [round(m, 4) for m in acc.per_step_match], "positions": acc.positions,
                       "validation": fit.validation, "load": os.getloadavg()}), flush=True)
 
@@ -127,6 +150,8 @@ def main():
     c = sub.add_parser("corpus")
     c.add_argument("--seconds", type=float, default=720)
     c.add_argument("--out", required=True)
+    c.add_argument("--like-train-draft", action="store_true",
+                   help="train-draft's batches (128 prompts, its order, temperatures and deadline)")
     t = sub.add_parser("train")
     t.add_argument("--corpus", required=True)
     t.add_argument("--name", required=True)

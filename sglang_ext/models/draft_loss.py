@@ -92,42 +92,46 @@ def collate(sequences: list[Sequence], targets: list[tuple[torch.Tensor, torch.T
 
 
 def unrolled_losses(mtp: MtpLayer, embed: torch.Tensor, lm_head, batch: dict, steps: int,
-                    vocab: torch.Tensor | None = None, metrics: bool = True) -> StepLosses:
-    """Losses of draft steps 1..`steps` at every start position of `batch` (from `collate`).
+                    vocab: torch.Tensor | None = None, metrics: bool = True, rows: torch.Tensor | None = None
+                    ) -> StepLosses:
+    """Losses of draft steps 1..`steps` at every start position of `batch` (from `collate`), or at `rows`.
 
     embed: [V, H], lm_head: [V, H] or an OutputHead (then `vocab` is ignored); both frozen. vocab: [V'] sorted
     token ids the logits are restricted to (None: all); labels outside it are dropped from the hard
     cross-entropy and the match counts. metrics=False skips the match counts (prefix_match is NaN). With
     `target_ids` / `target_probs` in `batch` (collate with targets, rows of the head passed) the soft
-    cross-entropy is against those instead of the full softmax(head h).
+    cross-entropy is against those instead of the full softmax(head h). rows: sorted start positions [R] (of
+    0..T-2) whose chains carry the loss, the same in every sequence; every position still gives step 1 its keys
+    and values (None: every start position).
     """
     tokens, greedy, hidden, label_ok = batch["tokens"], batch["greedy"], batch["hidden"], batch["label_ok"]
     bsz, length = tokens.shape
     n = length - 1  # start positions t = 0..n-1 (token x_{t+1} must exist)
     out_head = lm_head if isinstance(lm_head, OutputHead) else OutputHead.of(lm_head, vocab)
     head, remap = out_head.weight, out_head.remap
-    positions = torch.arange(n).expand(bsz, -1)
-    out, kv = mtp(hidden[:, :n], embed[tokens[:, 1:]], positions)
+    starts = torch.arange(n) if rows is None else rows
+    r = len(starts)
+    out, kv = mtp(hidden[:, :n], embed[tokens[:, 1:]], torch.arange(n).expand(bsz, -1), rows=rows)
     past_k, past_v = [kv[0]], [kv[1]]
-    causal = torch.ones(n, n, dtype=torch.bool).tril()
-    own = torch.eye(n, dtype=torch.bool)
+    first = starts[:, None] >= torch.arange(n)  # step 1's keys: the target-fed positions <= t
+    own = torch.eye(r, dtype=torch.bool)
     soft, hard, herr, match, counts = [], [], [], [], []
-    chain_ok = torch.ones(bsz, n, dtype=torch.bool)
+    chain_ok = torch.ones(bsz, r, dtype=torch.bool)
     for s in range(1, steps + 1):
-        # out[:, t] is step s of the chain started at t: it predicts greedy[:, t+s]; h_{t+s} is its ideal value
-        valid = torch.zeros(bsz, n, dtype=torch.bool)
-        valid[:, :max(length - s, 0)] = label_ok[:, s:]
-        labels = torch.zeros(bsz, n, dtype=torch.long)
-        labels[:, :max(length - s, 0)] = greedy[:, s:]
-        ideal = torch.zeros_like(out)
-        ideal[:, :max(length - s, 0)] = hidden[:, s:]
+        # out[:, i] is step s of the chain started at t = starts[i]: it predicts greedy[:, t+s]; h_{t+s} is its
+        # ideal value
+        at = starts + s
+        inside = at < length
+        at = at.clamp_max(length - 1)
+        valid = label_ok[:, at] & inside
+        labels = greedy[:, at]
         if remap is not None:
             labels = remap[labels]
-        o, h, y = out[valid], ideal[valid], labels[valid]
+        o, h, y = out[valid], hidden[:, at][valid], labels[valid]
         logits = (o @ head.T).float()
         logp = F.log_softmax(logits, dim=-1)
         if "target_ids" in batch:
-            ids, probs = (_shifted(batch[key], s, n)[valid] for key in ("target_ids", "target_probs"))
+            ids, probs = (batch[key][:, at][valid] for key in ("target_ids", "target_probs"))
             soft.append(-(probs * logp.gather(-1, ids)).sum(-1).mean())
         else:
             with torch.no_grad():
@@ -138,7 +142,7 @@ def unrolled_losses(mtp: MtpLayer, embed: torch.Tensor, lm_head, batch: dict, st
         o32 = o.float()
         herr.append((o32 - h).pow(2).mean() / h.pow(2).mean().clamp_min(1e-12))
         if metrics:
-            hit = torch.zeros(bsz, n, dtype=torch.bool)
+            hit = torch.zeros(bsz, r, dtype=torch.bool)
             hit[valid] = (logits.argmax(-1) == y).detach()
             chain_ok = chain_ok & hit
             match.append(chain_ok[valid].float().mean() if valid.any() else torch.tensor(0.0))
@@ -147,21 +151,15 @@ def unrolled_losses(mtp: MtpLayer, embed: torch.Tensor, lm_head, batch: dict, st
         counts.append(int(valid.sum()))
         if s == steps:
             break
-        next_tokens = torch.zeros(bsz, n, dtype=torch.long)
-        next_tokens[:, :max(n - s, 0)] = tokens[:, s + 1:]
-        mask = torch.cat([causal] + [own] * s, dim=1)
-        out, kv = mtp(out, embed[next_tokens], positions + s,
+        # step s + 1 of the chain at t: the layer's own output, token x_{t+s+1} (0 past the end: no label there)
+        nxt = starts + s + 1
+        next_tokens = tokens[:, nxt.clamp_max(length - 1)].masked_fill(nxt >= length, 0)
+        mask = torch.cat([first] + [own] * s, dim=1)
+        out, kv = mtp(out, embed[next_tokens], (starts + s).expand(bsz, -1),
                       past_kv=(torch.cat(past_k, dim=2), torch.cat(past_v, dim=2)), mask=mask)
         past_k.append(kv[0])
         past_v.append(kv[1])
     return StepLosses(torch.stack(soft), torch.stack(hard), torch.stack(herr), torch.stack(match), counts)
-
-
-def _shifted(x: torch.Tensor, s: int, n: int) -> torch.Tensor:
-    """x[:, s:s + n] zero-padded to n positions: the value of position t + s at start position t."""
-    out = torch.zeros((x.shape[0], n) + x.shape[2:], dtype=x.dtype)
-    out[:, :max(x.shape[1] - s, 0)] = x[:, s:s + n]
-    return out
 
 
 def corpus_vocab(sequences: list[Sequence], limit: int | None = None) -> torch.Tensor:

@@ -47,17 +47,25 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=True)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
 
-    def forward(self, x, positions, past_kv=None, mask=None):
+    def forward(self, x, positions, past_kv=None, mask=None, rows=None):
         """x: [B, T, H]; positions: [B, T]; past_kv: (k, v) each [B, kv_heads, S0, D] or None;
         mask: bool [T, S0 + T] or [B, T, S0 + T], True = may attend; None = causal over x (past_kv must be None).
-        Returns (out [B, T, H], (k, v) of these T tokens, each [B, kv_heads, T, D])."""
+        rows: sorted indices [R] into T: only these tokens query (causally, over all T; needs past_kv and mask
+        None), the others only give keys and values.
+        Returns (out [B, T or R, H], (k, v) of these T tokens, each [B, kv_heads, T, D])."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        xq = x if rows is None else x[:, rows]
+        q = self.q_proj(xq).view(b, xq.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
         cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        k = _rotate(k, cos, sin)
+        q = _rotate(q, cos, sin) if rows is None else _rotate(q, cos[:, :, rows], sin[:, :, rows])
+        if rows is not None:
+            if past_kv is not None or mask is not None:
+                raise ValueError("rows takes neither past_kv nor a mask")
+            mask = rows[:, None] >= torch.arange(t)
         new_kv = (k, v)
         if past_kv is not None:
             k = torch.cat([past_kv[0], k], dim=2)
@@ -71,7 +79,7 @@ class Attention(nn.Module):
         else:
             attn_mask = mask[:, None] if mask.dim() == 3 else mask
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), new_kv
+        return self.o_proj(out.transpose(1, 2).reshape(b, q.shape[2], -1)), new_kv
 
 
 class Mlp(nn.Module):
@@ -103,14 +111,16 @@ class MtpLayer(nn.Module):
         self.mlp = Mlp(hidden, config["intermediate_size"])
         self.final_layernorm = RMSNorm(hidden, eps)
 
-    def forward(self, hidden, next_embeds, positions, past_kv=None, mask=None):
+    def forward(self, hidden, next_embeds, positions, past_kv=None, mask=None, rows=None):
         """hidden: [B, T, H] target (or previous draft step) hidden states after the final norm, for position t;
         next_embeds: [B, T, H] embeddings of token t+1; positions: [B, T] (= t).
         Returns (out [B, T, H] after final_layernorm, whose lm_head logits predict token t+2; (k, v) of these T
-        tokens for later draft steps). past_kv / mask as in Attention.forward."""
+        tokens for later draft steps). past_kv / mask / rows as in Attention.forward: with rows, out holds only
+        those tokens [B, R, H] (training draws its loss from a subset of positions: a token's query, attention
+        output and MLP cost about 4x its input projection, keys and values)."""
         next_embeds = next_embeds.masked_fill((positions == 0)[..., None], 0.0)
         x = self.input_proj(torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(next_embeds)], dim=-1))
-        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, past_kv, mask)
-        x = x + attn
+        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, past_kv, mask, rows)
+        x = (x if rows is None else x[:, rows]) + attn
         x = x + self.mlp(self.post_attention_layernorm(x))
         return self.final_layernorm(x), new_kv

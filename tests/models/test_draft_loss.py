@@ -1,6 +1,7 @@
 """Unrolled draft loss: each step's soft cross-entropy and hidden error against drafting one chain at a time
 with explicit sequences (the layer's own output fed back, as NEXTN does), and the label mask of collate."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -27,12 +28,13 @@ def _setup(tmp_path):
     return mtp.eval(), embed, head, seqs
 
 
-def _explicit(mtp, embed, head, seq, steps):
-    """Per step: (soft CE, hard CE, squared error, squared norm of the ideal) summed over the labelled chains."""
+def _explicit(mtp, embed, head, seq, steps, starts=None):
+    """Per step: (soft CE, hard CE, squared error, squared norm of the ideal) summed over the labelled chains
+    (those starting at `starts`, None: all)."""
     sums = torch.zeros(steps, 4)
     counts = [0] * steps
     n = len(seq.tokens)
-    for t in range(n - 1):
+    for t in range(n - 1) if starts is None else [t for t in starts if t < n - 1]:
         hidden, tokens = seq.hidden[: t + 1], seq.tokens[1: t + 2]
         for s in range(1, steps + 1):
             if t + s > n - 1:
@@ -52,14 +54,18 @@ def _explicit(mtp, embed, head, seq, steps):
     return sums, counts
 
 
-def test_unrolled_losses_equal_explicit_chains(tmp_path):
+@pytest.mark.parametrize("rows", [None, [0, 2, 5, 8, 9]])
+def test_unrolled_losses_equal_explicit_chains(tmp_path, rows):
+    # rows: the loss from chains at some start positions only (the 8-token sequence has none at 8 and 9); every
+    # position still gives its keys and values to step 1
     mtp, embed, head, seqs = _setup(tmp_path)
     steps = 3
     with torch.no_grad():
-        got = unrolled_losses(mtp, embed, head, collate(seqs), steps)
+        got = unrolled_losses(mtp, embed, head, collate(seqs), steps,
+                              rows=None if rows is None else torch.tensor(rows))
         totals, counts = torch.zeros(steps, 4), [0] * steps
         for seq in seqs:
-            sums, c = _explicit(mtp, embed, head, seq, steps)
+            sums, c = _explicit(mtp, embed, head, seq, steps, rows)
             totals += sums
             counts = [a + b for a, b in zip(counts, c)]
     assert got.counts == counts

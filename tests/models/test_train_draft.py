@@ -21,6 +21,7 @@ from sglang_ext.models.train_draft import (
     corpus_batch,
     linear_start,
     load_base,
+    loss_rows,
     train_draft,
 )
 
@@ -145,6 +146,18 @@ def test_nucleus_gumbel_samples_top_p_at_the_temperature():
     assert (freq - expected).abs().max() < 4 * (expected * (1 - expected) / rows).sqrt().max()
     again = NucleusGumbel(0.8, torch.Generator().manual_seed(0), top_p=0.9)(None, scores.expand(rows, -1).clone())
     assert torch.equal(again.argmax(-1), picks)  # the seed decides
+
+
+def test_loss_rows_draws_a_share_of_the_labelled_start_positions():
+    batch = {"tokens": torch.zeros(4, 41, dtype=torch.long)}  # start positions 0..39
+    gen = torch.Generator().manual_seed(0)
+    assert loss_rows(batch, 12, 1.0, gen) is None
+    draws = [loss_rows(batch, 12, 0.25, gen) for _ in range(50)]
+    for rows in draws:  # the first start with a label is prompt_len - 2: its step-1 label is the prompt's last token
+        assert len(rows) == 8 and rows.unique().numel() == 8 and torch.equal(rows, rows.sort().values)
+        assert rows.min() >= 10 and rows.max() <= 39
+    assert torch.cat(draws).unique().numel() == 30, "every labelled start position is drawn sometimes"
+    assert loss_rows(batch, 200, 0.5, gen).tolist() == [39]  # a prompt longer than the batch: the last start
 
 
 def test_batch_order_covers_every_sequence_once_with_less_padding():
