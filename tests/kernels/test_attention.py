@@ -304,6 +304,19 @@ def test_verify_reads_drafts_like_sequential_decode(name, device):
     assert gap > 10 * max(err, 1e-5), f"{name}: full-precision drafts differ from decode by only {gap}: no power"
 
 
+def _draft_case(fmt, prefix, n_draft, page_size, h_kv, group, seed, device):
+    """A pool holding each request's prefix followed by its n_draft drafts, and bf16 queries for the drafts.
+    Returns (generator, planes, flat slots, prefix slots, draft slots, q)."""
+    gen = torch.Generator().manual_seed(seed)
+    planes, flat = _pool(fmt, [lp + n_draft for lp in prefix], page_size, h_kv, gen, device)
+    runs = flat.split([lp + n_draft for lp in prefix])
+    prefix_slots = torch.cat([r[:lp] for r, lp in zip(runs, prefix)]).to(device)
+    draft_slots = torch.cat([r[lp:] for r, lp in zip(runs, prefix)]).to(device)
+    q = torch.randn(n_draft * len(prefix), h_kv * group, fmt.head_dim, generator=gen).to(device=device,
+                                                                                         dtype=torch.bfloat16)
+    return gen, planes, flat, prefix_slots, draft_slots, q
+
+
 # A diagonal of the grid (every format, head_dim, GQA group and page size once: 24 full-grid cases took 13 min
 # under the interpreter), format names as in FORMAT_NAMES.
 @pytest.mark.parametrize("name,head_dim,rotary_dim,h_kv,group,q_len,page_size", [
@@ -315,14 +328,9 @@ def test_chain_verify_through_decode_matches_reference(name, head_dim, rotary_di
     # prefix, split like a decode step, and causally to each other; the reference is the extend reference with
     # new_slots. Prefixes: empty, shorter than one tile, several splits.
     fmt = get_format(name, head_dim, rotary_dim)
-    gen = torch.Generator().manual_seed(23)
     prefix = [0, 5, 300]
-    planes, flat = _pool(fmt, [lp + q_len for lp in prefix], page_size, h_kv, gen, device)
-    runs = flat.split([lp + q_len for lp in prefix])
-    prefix_slots = torch.cat([r[:lp] for r, lp in zip(runs, prefix)]).to(device)
-    draft_slots = torch.cat([r[lp:] for r, lp in zip(runs, prefix)]).to(device)
-    t = q_len * len(prefix)
-    q = torch.randn(t, h_kv * group, head_dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+    _, planes, _, prefix_slots, draft_slots, q = _draft_case(fmt, prefix, q_len, page_size, h_kv, group, 23, device)
+    t = q.shape[0]
     kvp = indptr(prefix, device)
     ref = reference.extend_attention(fmt, q, None, None, planes, indptr([q_len] * len(prefix), device), kvp,
                                      prefix_slots, head_dim ** -0.5, new_slots=draft_slots)
@@ -343,14 +351,10 @@ def test_tree_verify_through_decode_matches_reference(name, head_dim, rotary_dim
     # prefix and to the drafts SGLang's verify mask gives it (its ancestors and itself), read at new_slots; the
     # reference is the extend reference with the same mask. Prefixes: empty, shorter than one tile, several splits.
     fmt = get_format(name, head_dim, rotary_dim)
-    gen = torch.Generator().manual_seed(29)
     prefix = [0, 5, 300]
-    planes, flat = _pool(fmt, [lp + num_draft for lp in prefix], page_size, h_kv, gen, device)
-    runs = flat.split([lp + num_draft for lp in prefix])
-    prefix_slots = torch.cat([r[:lp] for r, lp in zip(runs, prefix)]).to(device)
-    draft_slots = torch.cat([r[lp:] for r, lp in zip(runs, prefix)]).to(device)
-    t = num_draft * len(prefix)
-    q = torch.randn(t, h_kv * group, head_dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+    gen, planes, _, prefix_slots, draft_slots, q = _draft_case(fmt, prefix, num_draft, page_size, h_kv, group, 29,
+                                                               device)
+    t = q.shape[0]
     kvp, qo = indptr(prefix, device), indptr([num_draft] * len(prefix), device)
     mask, mask_indptr = _tree_verify_mask(prefix, num_draft, gen)
     mask, mask_indptr = mask.to(device), mask_indptr.to(device)
@@ -378,14 +382,8 @@ def test_tree_verify_through_decode_matches_reference(name, head_dim, rotary_dim
     (128, None, 2, 2, 3, {"kv_a": True, "min_rows": 8, "num_warps": 2, "block_n": 64})])
 def test_decode_launches_match_reference(name, head_dim, rotary_dim, h_kv, group, q_len, launch, device):
     fmt = get_format(name, head_dim, rotary_dim)
-    gen = torch.Generator().manual_seed(29)
     prefix = [0, 5, 150]
-    planes, flat = _pool(fmt, [lp + q_len for lp in prefix], 16, h_kv, gen, device)
-    runs = flat.split([lp + q_len for lp in prefix])
-    prefix_slots = torch.cat([r[:lp] for r, lp in zip(runs, prefix)]).to(device)
-    draft_slots = torch.cat([r[lp:] for r, lp in zip(runs, prefix)]).to(device)
-    t = q_len * len(prefix)
-    q = torch.randn(t, h_kv * group, head_dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+    _, planes, flat, prefix_slots, draft_slots, q = _draft_case(fmt, prefix, q_len, 16, h_kv, group, 29, device)
     if q_len == 1:  # a decode step: the new token is part of the prefix
         lens = [lp + 1 for lp in prefix]
         slots = flat.to(device)
