@@ -65,8 +65,9 @@ class DraftTrainConfig:
     batch_sequences: int = 4  # small batches, more updates: measured better than 8 and 16 in the same time
     # Share of a batch's start positions (after its shortest prompt) whose draft chains carry an update's loss,
     # drawn afresh each update; every position still gives its keys and values (unrolled_losses' rows). 1.0: all.
-    # On a saved 168k-token corpus, 560 s of training each (2-core AVX2, float32): 1.0 / 0.5 / 0.25 made 2,818 /
-    # 5,116 / 7,390 updates, held-out chain accept length 1.759 / 1.772 / 1.869 (tree 1.880 / 1.892 / 1.935).
+    # On a saved 168k-token corpus, 560 s of training each (2-core AVX2, float32): 1.0 / 0.5 / 0.25 / 0.125 made
+    # 2,818 / 5,116 / 7,390 / 8,473 updates, held-out chain accept length 1.759 / 1.772 / 1.869 / 1.830 (tree
+    # 1.880 / 1.892 / 1.935 / 1.922).
     loss_rows: float = 0.25
     # Batches are cut from windows of this many batches' worth of shuffled sequences, each window sorted by
     # length (less right padding: see batch_order); 1 = no sorting.
