@@ -17,6 +17,7 @@ from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_mtp_we
 from sglang_ext.models.mtp_layer import MtpLayer
 from sglang_ext.models.train_draft import (
     DraftTrainConfig,
+    another_corpus_batch,
     batch_order,
     corpus_batch,
     linear_start,
@@ -227,3 +228,8 @@ def test_linear_start_fits_the_normalised_target_from_the_layers_own_inputs(tmp_
     torch.testing.assert_close(student.input_proj.weight, expected, atol=1e-4, rtol=1e-4)
     after = alignment(outputs())
     assert after > 0.98 and before < 0.8, (before, after)
+
+
+def test_a_corpus_batch_starts_only_with_time_for_more_than_its_prefill():
+    assert another_corpus_batch(left=30.0, last_batch=60.0)
+    assert not another_corpus_batch(left=10.0, last_batch=60.0)  # the prefill alone would take it
