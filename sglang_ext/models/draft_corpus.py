@@ -25,6 +25,48 @@ TRAIN_TOPICS = (
     "birds", "cooking pasta", "the French Revolution", "smartphones", "exercise", "the solar system",
     "volunteering", "trains", "cheese", "the immune system", "snow", "video games", "democracy", "whales",
 )
+# More topics, no training prompt task changed: a 20-minute corpus draws about 800 prompts, so each topic of
+# the first 54 came back about 15 times; these spread the same number of prompts over 358 topics.
+MORE_TRAIN_TOPICS = (
+    "tornadoes", "hurricanes", "coral reefs", "butterflies", "ants", "spiders", "frogs", "sharks", "elephants",
+    "wolves", "owls", "bats", "tigers", "kangaroos", "camels", "horses", "dolphins", "sea turtles", "crocodiles",
+    "hummingbirds", "cats", "dogs", "rabbits", "squirrels", "bamboo", "cactus plants", "oak trees", "sunflowers",
+    "roses", "the Amazon River", "the Sahara", "the Arctic", "Antarctica", "caves", "waterfalls", "islands",
+    "lakes", "wetlands", "grasslands", "the Himalayas", "rainbows", "lightning", "clouds", "fog", "the seasons",
+    "tides", "the atmosphere", "gravity", "magnets", "electricity", "sound waves", "light", "atoms", "DNA", "cells",
+    "evolution", "genetics", "the brain", "the lungs", "bones", "muscles", "the skin", "digestion", "blood",
+    "teeth", "the eyes", "hearing", "allergies", "the common cold", "nutrition", "vitamins", "drinking water",
+    "meditation", "yoga", "running", "swimming", "stretching", "stress", "happiness", "habits", "motivation",
+    "creativity", "curiosity", "patience", "honesty", "courage", "3D printing", "artificial intelligence",
+    "cloud computing", "cybersecurity", "passwords", "email", "social media", "search engines", "programming",
+    "databases", "blockchain", "virtual reality", "drones", "satellites", "GPS", "batteries", "nuclear power",
+    "hydroelectric dams", "the light bulb", "the telephone", "radio", "television", "cameras", "photography",
+    "film making", "podcasts", "computers", "keyboards", "microchips", "the steam engine", "airplanes", "rockets",
+    "the space station", "Mars", "Jupiter", "the sun", "stars", "galaxies", "telescopes", "astronauts", "cars",
+    "motorcycles", "ships", "roads", "skyscrapers", "castles", "pyramids", "cathedrals", "architecture", "cities",
+    "villages", "farming", "tractors", "irrigation", "wheat", "rice", "potatoes", "apples", "bananas", "chocolate",
+    "ice cream", "pizza", "soup", "spices", "vegetarian food", "breakfast", "baking cookies", "sushi", "barbecue",
+    "fermentation", "salt", "sugar", "olive oil", "ancient Greece", "the Vikings", "the Maya", "the Aztecs",
+    "the Industrial Revolution", "the Cold War", "World War I", "medieval knights", "samurai", "pirates",
+    "the Wild West", "the Ottoman Empire", "the Mongol Empire", "ancient China", "the invention of writing",
+    "the alphabet", "maps", "calendars", "clocks", "money", "banks", "taxes", "elections", "the United Nations",
+    "human rights", "newspapers", "museums", "theater", "opera", "ballet", "painting", "sculpture", "poetry",
+    "novels", "fairy tales", "mythology", "comic books", "board games", "football", "basketball", "tennis",
+    "skiing", "surfing", "fishing", "camping", "hiking", "birdwatching", "knitting", "woodworking", "pottery",
+    "drawing", "drums", "singing", "choirs", "hip hop", "classical music", "rock music", "folk dances", "festivals",
+    "birthdays", "weddings", "holidays", "travel", "airports", "hotels", "packing a suitcase", "learning to drive",
+    "job interviews", "saving money", "budgeting", "starting a business", "marketing", "teamwork", "leadership",
+    "public speaking", "negotiation", "remote work", "homework", "exams", "universities", "online learning",
+    "reading books", "writing essays", "mathematics", "fractions", "geometry", "statistics", "probability",
+    "prime numbers", "the number zero", "chemistry", "physics", "biology", "geology", "weather forecasting",
+    "pollution", "plastic waste", "composting", "renewable energy", "water conservation", "endangered species",
+    "national parks", "zoos", "pets", "veterinarians", "doctors", "nurses", "hospitals", "firefighters", "teachers",
+    "farmers", "chefs", "scientists", "engineers", "pilots", "journalists", "the postal service", "supermarkets",
+    "fashion", "shoes", "colors", "soap", "furniture", "houses", "neighbors", "family dinners", "grandparents",
+    "childhood", "memory", "dreams", "laughter", "languages", "sign language", "translation", "emojis",
+    "handwriting", "puzzles", "riddles", "magic tricks", "circuses", "amusement parks", "fireworks", "candles",
+    "kites", "umbrellas",
+)
 HELDOUT_TOPICS = (
     "lighthouses", "the Silk Road", "octopuses", "wind turbines", "origami", "glaciers", "the violin",
     "public transport", "mushrooms", "the Olympic Games", "tea ceremonies", "submarines", "kindness",
@@ -76,9 +118,10 @@ def prompts(topics, tokenizer, count: int, seed: int) -> list[list[int]]:
 
 
 def train_prompts(tokenizer, seed: int) -> list[list[int]]:
-    """Every training prompt (TRAIN_TOPICS with all chat and raw tasks, plus the code requests), shuffled."""
-    texts = [("chat", t.format(topic)) for topic, t in itertools.product(TRAIN_TOPICS, CHAT_TASKS + MORE_CHAT_TASKS)]
-    texts += [("raw", t.format(topic)) for topic, t in itertools.product(TRAIN_TOPICS, RAW_TASKS)]
+    """Every training prompt (all training topics with all chat and raw tasks, plus the code requests), shuffled."""
+    topics = TRAIN_TOPICS + MORE_TRAIN_TOPICS
+    texts = [("chat", t.format(topic)) for topic, t in itertools.product(topics, CHAT_TASKS + MORE_CHAT_TASKS)]
+    texts += [("raw", t.format(topic)) for topic, t in itertools.product(topics, RAW_TASKS)]
     texts += [("chat", t.format(subject)) for subject, t in itertools.product(CODE_SUBJECTS, CODE_TASKS)]
     random.Random(seed).shuffle(texts)
     return _encode(texts, tokenizer)

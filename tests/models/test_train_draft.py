@@ -12,7 +12,14 @@ import torch.nn.functional as F
 from tiny_llama import TINY_CONFIG, write_tiny_llama
 
 from sglang_ext.models.__main__ import main
-from sglang_ext.models.draft_corpus import Sequence, decode_batch, generate
+from sglang_ext.models.draft_corpus import (
+    HELDOUT_TOPICS,
+    MORE_TRAIN_TOPICS,
+    TRAIN_TOPICS,
+    Sequence,
+    decode_batch,
+    generate,
+)
 from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_mtp_weights
 from sglang_ext.models.mtp_layer import MtpLayer
 from sglang_ext.models.train_draft import (
@@ -117,6 +124,16 @@ def test_missing_model_tells_to_prepare(tmp_path, capsys):
     assert main(["train-draft", "--base", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 2
     assert "python -m sglang_ext.models prepare" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_training_topics_are_distinct_and_never_held_out():
+    topics = TRAIN_TOPICS + MORE_TRAIN_TOPICS
+    assert len(set(topics)) == len(topics) == 358
+    assert not set(topics) & set(HELDOUT_TOPICS)
+    # nor the same one in another spelling ("comet" / "comets", "violin" / "the violin")
+    def stem(topic):
+        return topic.lower().removeprefix("the ").removesuffix("s")
+    assert not {stem(t) for t in topics} & {stem(h) for h in HELDOUT_TOPICS}
 
 
 def test_corpus_batches_walk_the_pool_then_wrap_around_sampled():
