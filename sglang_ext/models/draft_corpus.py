@@ -210,6 +210,12 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     return sequences
 
 
+# Rows whose end token has been fed leave the batch (the others' KV cache copied into a smaller one) every
+# COMPACT_EVERY steps once they are at least 1 / COMPACT_SHARE of it.
+COMPACT_EVERY = 8
+COMPACT_SHARE = 8
+
+
 @torch.no_grad()
 def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, eos_token_id: int | None = None,
                  deadline: float | None = None):
@@ -218,7 +224,8 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
     Returns (new_tokens [B, n], hidden [B, width + n - 1, H], greedy [B, width + n - 1]), n <= steps: row i's
     prompt sits right-aligned in the first width = max prompt length positions (the padding before it is
     never computed and never attended to), hidden holds the final norm's output at every fed position and
-    greedy its lm_head argmax. Decoding stops early once every row has made `eos_token_id`, or at the first
+    greedy its lm_head argmax. Rows whose `eos_token_id` has been fed leave the batch (COMPACT_EVERY): what a
+    row holds after its end token's position is unspecified. Decoding stops early once every row has made it, or at the first
     step after `deadline` (time.monotonic()); the tensors then end at the last step made.
 
     Why not transformers' `generate`: its dynamic cache concatenates every layer's K/V at every step and eager
@@ -304,31 +311,39 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
     slot = torch.arange(capacity)
     pad_mask = torch.where(slot[None, :] < (width - lengths)[:, None], float("-inf"), 0.0)  # [B, capacity]
     scale = head_dim ** -0.5
+    alive = torch.arange(batch)  # the rows still decoded (the others have made eos_token_id)
     for step in range(steps):
         token = logits.argmax(-1) if sampler is None else sampler.pick(logits)
-        new_tokens[:, step] = token
+        new_tokens[alive, step] = token
+        fed_end = finished.clone()  # rows whose end token has been fed: its hidden state is recorded
         if eos_token_id is not None:
             finished |= token == eos_token_id
         if step == steps - 1 or finished.all() or (deadline is not None and time.monotonic() > deadline):
             break
+        if step % COMPACT_EVERY == COMPACT_EVERY - 1 and fed_end.sum() * COMPACT_SHARE >= len(alive):
+            keep = ~fed_end
+            alive, token, lengths, pad_mask, logits, finished = (
+                t[keep] for t in (alive, token, lengths, pad_mask, logits, finished))
+            keys, values = keys[:, keep], values[:, keep]
+        rows = len(alive)
         pos = width + step  # the cache slot of the token fed now
         x = inner.embed_tokens(token)[:, None]
         position_ids = (lengths + step)[:, None]
-        mask = pad_mask[:, None, None, :pos + 1].to(dtype)  # [B, 1, 1, T]
+        mask = pad_mask[:, None, None, :pos + 1].to(dtype)  # [rows, 1, 1, T]
         for li in range(len(layers)):
             def write(k, v, li=li, pos=pos):
                 keys[li, :, :, pos] = k[:, :, 0]
                 values[li, :, :, pos] = v[:, :, 0]
 
-            def attend(q, li=li, pos=pos, mask=mask):  # q [B, kv_heads x group, 1, d] -> the same shape
-                qg = q.view(batch, kv_heads, group, head_dim)
+            def attend(q, li=li, pos=pos, mask=mask, rows=rows):  # q [rows, kv_heads x group, 1, d] -> the same
+                qg = q.view(rows, kv_heads, group, head_dim)
                 scores = torch.matmul(qg, keys[li, :, :, :pos + 1].transpose(-1, -2)) * scale + mask
                 probs = scores.float().softmax(-1).to(dtype)
-                return torch.matmul(probs, values[li, :, :, :pos + 1]).view(batch, -1, 1, head_dim)
+                return torch.matmul(probs, values[li, :, :, :pos + 1]).view(rows, -1, 1, head_dim)
             x = attention_block(li, x, position_ids, write, attend)
         h = inner.norm(x)[:, 0]
-        hidden[:, pos] = h.float()
+        hidden[alive, pos] = h.float()
         logits = logits_of(h)
-        greedy[:, pos] = logits.argmax(-1)
+        greedy[alive, pos] = logits.argmax(-1)
     made = step + 1
     return new_tokens[:, :made], hidden[:, :width + made - 1], greedy[:, :width + made - 1]
