@@ -120,6 +120,33 @@ def test_decode_batch_continues_as_transformers_generate(model_dir):
     assert torch.equal(new, out[:, width:width + 1])
 
 
+def test_finished_rows_leave_the_batch_unchanged(model_dir, monkeypatch):
+    """Rows that made the end token leave the batch; the others decode on as before, and every row is the same
+    up to its end token."""
+    from sglang_ext.models import draft_corpus
+
+    torch.set_num_threads(2)
+    model, tokenizer = load_base(Path(model_dir))
+    texts = ["The moon is", "Write a list of three colours:", "Once upon a time, in a small village by the sea,",
+             "def add(a, b):"]
+    prompt_ids = [tokenizer(t)["input_ids"] for t in texts]
+    steps = 16
+    new0, hidden0, greedy0 = decode_batch(model, prompt_ids, steps)
+    # an "end token" that row 0 makes early and no other row makes at all
+    end = next(int(t) for t in new0[0, 1:] if not (new0[1:] == t).any())
+    first = int((new0[0] == end).nonzero()[0])
+    monkeypatch.setattr(draft_corpus, "COMPACT_EVERY", 2)
+    new, hidden, greedy = decode_batch(model, prompt_ids, steps, eos_token_id=end)
+    width = max(len(p) for p in prompt_ids)
+    assert torch.equal(new[1:], new0[1:]) and torch.equal(new[0, :first + 1], new0[0, :first + 1])
+    torch.testing.assert_close(hidden[1:], hidden0[1:], rtol=1e-4, atol=1e-4)
+    assert torch.equal(greedy[1:], greedy0[1:])
+    fed = width + first + 1  # row 0's fed positions: the prompt and its tokens up to the end token
+    torch.testing.assert_close(hidden[0, :fed], hidden0[0, :fed], rtol=1e-4, atol=1e-4)
+    assert torch.equal(greedy[0, :fed], greedy0[0, :fed])
+    assert first + 3 < steps and not new[0, first + 3:].any()  # it left the batch: nothing written after
+
+
 def test_missing_model_tells_to_prepare(tmp_path, capsys):
     assert main(["train-draft", "--base", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 2
     assert "python -m sglang_ext.models prepare" in capsys.readouterr().err
@@ -136,6 +163,29 @@ def test_training_topics_are_distinct_and_never_held_out():
     assert not {stem(t) for t in topics} & {stem(h) for h in HELDOUT_TOPICS}
 
 
+def test_weight_average_warms_up_then_decays_slowly():
+    from torch.optim.swa_utils import AveragedModel
+
+    from sglang_ext.models.train_draft import ema_update
+
+    layer = torch.nn.Linear(4, 4, bias=False)
+    averaged = AveragedModel(layer, multi_avg_fn=ema_update(0.999))
+    start = layer.weight.detach().clone()
+    for _ in range(20):  # a short run: the average follows the weights
+        with torch.no_grad():
+            layer.weight.add_(1.0)
+        averaged.update_parameters(layer)
+    assert (averaged.module.weight - start).mean() > 0.6 * 20
+    for _ in range(9000):  # (1 + n) / (10 + n) reaches 0.999: 10 updates move the average by about 1 %
+        averaged.update_parameters(layer)
+    before = averaged.module.weight.detach().clone()
+    with torch.no_grad():
+        layer.weight.add_(100.0)
+    for _ in range(10):
+        averaged.update_parameters(layer)
+    torch.testing.assert_close(averaged.module.weight - before, torch.full((4, 4), 100 * (1 - 0.999 ** 10)))
+
+
 def test_corpus_batches_walk_the_pool_then_wrap_around_sampled():
     config = DraftTrainConfig(corpus_batch_prompts=4)
     schedule = [corpus_batch(i, 10, config) for i in range(5)]
@@ -145,6 +195,8 @@ def test_corpus_batches_walk_the_pool_then_wrap_around_sampled():
     assert DraftTrainConfig(corpus_dtype="auto").resolved_corpus_dtype() in (torch.float32, torch.bfloat16)
     with pytest.raises(ValueError, match="corpus_dtype"):
         DraftTrainConfig(corpus_dtype="float16")
+    with pytest.raises(ValueError, match="ema_decay"):
+        DraftTrainConfig(ema_decay=1.0)
 
 
 def test_nucleus_gumbel_samples_top_p_at_the_temperature():
