@@ -454,7 +454,8 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
                      lut: int | None = None, int8_f16: int | None = None, fill_waves: bool = True,
                      maxnreg: int | None = None, q_len: int = 1, new_slots: torch.Tensor | None = None,
                      min_rows: int | None = None, kv_a: bool | None = None, stage1: str | None = None,
-                     tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+                     tree_mask: torch.Tensor | None = None, qk8: bool | None = None,
+                     lazy: bool | None = None) -> torch.Tensor:
     """q [B, Hq, D] (float), o [B, Hq, D] (written, every element); kv_indptr [>= B+1], kv_indices int32/int64.
     q_len > 1 (speculative verify): q / o hold q_len tokens per request ([B * q_len, Hq, D], request b's
     at rows b * q_len..); kv_indptr / kv_indices list each request's prefix only; the new tokens, already
@@ -481,7 +482,8 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     other launch arguments do not) or None:
     decode_mma.default_for's
     choice, unless dot_bf16=False or one of the Triton kernel's launch arguments (kv_a, min_rows, num_warps,
-    num_stages, lut, int8_f16, maxnreg) is given. Returns o."""
+    num_stages, lut, int8_f16, maxnreg) is given. qk8, lazy: the mma kernel's int8 scores and lazy rescale for
+    octave formats (decode_mma's docstring; None: MMA_QK8 / MMA_LAZY's choice for the layout). Returns o."""
     check_planes(fmt, planes)
     rows, hq, d = q.shape
     assert q_len >= 1 and rows % q_len == 0, (rows, q_len)
@@ -526,9 +528,11 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
             raise ValueError(f"stage1='mma': {why}")
         short_int8 = kind == tables.FMT_INT8 and kv_indices.shape[0] < MMA_INT8_MIN_TOKENS * batch  # mean length
         if stage1 == "mma" or (decode_mma.default_for(fmt, group, q_len, q) and not short_int8):
+            mma_layout = decode_mma.layout_of(fmt)
             return _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, num_kv_splits,
-                               max_kv_splits, block_n or MMA_BLOCK_N[decode_mma.layout_of(fmt)], fill_waves,
-                               batch, h_kv, group)
+                               max_kv_splits, block_n or MMA_BLOCK_N[mma_layout], fill_waves, batch, h_kv, group,
+                               qk8=mma_layout in MMA_QK8 if qk8 is None else qk8,
+                               lazy=mma_layout in MMA_LAZY if lazy is None else lazy)
     launch = default_launch(fmt, group, q_len, q, batch * h_kv * max_kv_splits)
     block_n = block_n or launch.get("block_n") or default_block_n(kind, d)
     num_warps = num_warps or launch.get("num_warps", 4)
@@ -599,7 +603,14 @@ def _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits: int, q
 # an H200 (docs/benchmarks/kernels.md, rounds 15-16): d128 32 took 166 us, 16 took 243 and 64 took 175; d256 32
 # took 171, 16 took 166 (and at batch 1 x 128k 116 against 123); with 3-bit V (octave_k3v3), d128 32 took 170 and
 # 16 took 169, d256 32 took 168 and 16 took 162 (at 32 the loop spills a few registers).
-MMA_BLOCK_N = {"d128": 32, "d256": 32, "d128v3": 32, "d256v3": 16, "int8d64": 32, "int8d128": 32, "int8d256": 16}
+MMA_BLOCK_N = {"d128": 32, "d256": 16, "d128v3": 32, "d256v3": 16, "int8d64": 32, "int8d128": 32, "int8d256": 16}
+# The octave options of the mma kernel per layout (decode_attention's qk8 / lazy when not given), measured on an
+# H200 at batch 8 x 32k (docs/benchmarks/kernels.md, round 19): int8 scores (decode_mma.Q8: K as 7-bit integer
+# levels, q as int8) everywhere, 146-154 -> 133-145 us; the lazy rescale where it adds no spills: d128 134 -> 128
+# (k3v4) and 144 -> 131 (k3v3), d256 k3v4 at 16 tokens per iteration 134 -> 127 (at 32 it spilled: 203); d256 k3v3
+# 134 either way. d256 k3v4 was 32 tokens per iteration until then.
+MMA_QK8 = frozenset({"d128", "d128v3", "d256", "d256v3"})
+MMA_LAZY = frozenset({"d128", "d128v3", "d256"})
 # int8 takes the Gluon stage 1 by default only for requests of at least this mean length: on the H200 it was
 # faster at every 32k and 128k shape of the grid (batch 8 x 32k d256: 164 -> 151 us; batch 1 x 128k: 174 -> 83 at
 # d128, 256 -> 113 at d256), but at 4k slower in 3 of 6 (batch 8 d256 36 -> 43 us; docs/benchmarks/kernels.md,
@@ -628,19 +639,21 @@ def mma_max_splits(batch: int, h_kv: int, seq_len: int, slots: int, sms: int, ma
 
 
 def _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, num_kv_splits, max_kv_splits: int,
-                block_n: int, fill_waves: bool, batch: int, h_kv: int, group: int) -> torch.Tensor:
+                block_n: int, fill_waves: bool, batch: int, h_kv: int, group: int, qk8: bool = False,
+                lazy: bool = False) -> torch.Tensor:
     """decode_attention through decode_mma's stage 1. Split counts: with num_kv_splits given (SGLang's backend
     passes its own, at most max_kv_splits), each request's count times split_mul, the smallest multiplier whose
     grid fills the GPU's resident one-warp programs; without, wave_splits' choice up to mma_max_splits. q goes in
     as the model made it: the octave kernel rotates it itself (decode_mma._rotated_q)."""
     dev = q.device
     kc, ks, vc, vs = attention_planes(fmt, planes)
-    key = ("mma", dev.index, q.shape[-1], vc.shape[-1], vc.dtype, q.dtype, kv_indices.dtype, group, block_n)
+    key = ("mma", dev.index, q.shape[-1], vc.shape[-1], vc.dtype, q.dtype, kv_indices.dtype, group, block_n, qk8, lazy)
     if key not in _RESIDENT:
         ph = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
         one = torch.ones(1, dtype=torch.int32, device=dev)
         kernel = decode_mma.launch_stage1(None, q, kc, ks, vc, vs, kv_indptr, kv_indices, one, ph, ph[0], sm_scale,
-                                          group, block_n, MIN_BLOCK_KV, warmup=True)
+                                          group, block_n, MIN_BLOCK_KV, warmup=True, qk8=qk8,
+                                          lazy=lazy)
         _RESIDENT[key] = resident_programs(kernel, dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     slots = sms * _RESIDENT[key]
@@ -661,5 +674,6 @@ def _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, 
     mid_o = torch.empty(rows, hq, grid_splits, d, dtype=torch.float32, device=dev)
     mid_lse = torch.empty(rows, hq, grid_splits, dtype=torch.float32, device=dev)
     decode_mma.launch_stage1((batch, h_kv, grid_splits), q, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits,
-                             mid_o, mid_lse, sm_scale, group, block_n, MIN_BLOCK_KV, split_mul=split_mul)
+                             mid_o, mid_lse, sm_scale, group, block_n, MIN_BLOCK_KV, split_mul=split_mul, qk8=qk8,
+                             lazy=lazy)
     return _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits, split_mul=split_mul)

@@ -30,6 +30,14 @@ The lookups run on the integer ALU pipe (half rate on sm_80 and sm_90), which bo
 written as mul.hi so that ptxas issues them on the FMA pipe (_prep, _upper), and the tables are held per lane
 (_load_lut). Softmax denominators stay per (token row, head) until the end.
 
+Int8 scores (Q8, the default for every octave layout: decode.MMA_QK8): K's levels are looked up as 7-bit integers
+(q8_table: a level is (u - 63.5) x step, at most 0.017 off at 4 bits and 0.006 at 3) straight into the operand of an
+int8 m16n8k32 dot, and q, rotated in float32, is rounded to int8 with one scale per head. Half the lookups of the
+bf16 pairs and half the score dots: 146-154 -> 133-145 us at batch 8 x 32k on an H200. It adds error of its own
+against the format's reference (4e-3 to 7e-3 relative, against 3e-3 with bf16 operands), 15 to 47 times under the
+format's own (0.11 to 0.19 against attention over the unquantized K/V, unchanged). LAZY (decode.MMA_LAZY): the running
+maximum moves only when a tile exceeds it by 2^8, so most tiles skip rescaling the outputs (_step).
+
 int8 (_decode_stage1_mma_int8) has the same structure with f16 operands: a code becomes one by the exponent-byte
 conversion (PTX_INT8_1TOK, PTX_INT8_2TOK), with no lookup.
 
@@ -43,6 +51,7 @@ decode._decode_stage1, merged by its stage 2.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -51,6 +60,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ..kvformats import rotation
+from ..kvformats.codebook import LEVELS
 from .levels_ptx import _tables
 
 # The lookup tables, as asm operands: loaded once before the loop (lut_words), they stay in registers. As
@@ -250,6 +260,85 @@ def _ptx_int8_two_tokens() -> str:
     return "{\n    .reg .b32 x, bias;\n    mov.b32 bias, " + f"{I8_BIAS:#010x};" + "".join(out) + "\n}"
 
 
+# --- int8 scores (Q8): K's levels as 7-bit integers, q as int8, S^T = K q^T by mma m16n8k32 -------------------
+# A level L of a `bits` table is held as the byte u = 63.5 + L / step rounded (0 <= u <= 127; the codebook is
+# symmetric, so u(-L) = 127 - u(L)); the scores' dot then sums q8 (u - 63.5) = q8 L / step, the 63.5 q8 part
+# subtracted through the dot's accumulator input (_q8_operand). step: the value in a fixed grid with the least
+# squared level error (round-off of a level: at most 0.017 (4-bit) and 0.006 (3-bit), against level spacings of
+# 0.26 and 0.49). All 16 bytes of a 4-bit table have bit 7 clear, so one prmt over the codes with prmt's
+# sign-replicate mode (selector bit 3) zeroes the bytes of codes >= 8 and another over codes ^ 8 those of codes
+# < 8: two lookups and an or per 4 codes, against four lookups and an add for the bf16 pairs.
+Q8_BIAS = 63.5
+
+
+@functools.lru_cache(maxsize=None)
+def q8_table(bits: int) -> tuple[float, tuple[int, ...]]:
+    """(step, bytes u per code) of the 7-bit integer levels of LEVELS[bits] (see above)."""
+    levels = [float(x) for x in LEVELS[bits]]
+    top = max(abs(x) for x in levels)
+    best = None
+    for i in range(4001):  # steps from top / 63.5 (u spans 0..127) to top / 40
+        step = top / (63.5 - 23.5 * i / 4000)
+        err = sum((x / step - (round(Q8_BIAS + x / step) - Q8_BIAS)) ** 2 for x in levels)
+        if best is None or err < best[0]:
+            best = (err, step)
+    step = best[1]
+    return step, tuple(int(round(Q8_BIAS + x / step)) for x in levels)
+
+
+def q8_lut_words() -> list[int]:
+    """Q8_LUT_NAMES' words: the 4-bit table's bytes of codes 0..7 (2 words), of codes 8..15 (2), the 3-bit
+    table's (2)."""
+    _, u4 = q8_table(4)
+    _, u3 = q8_table(3)
+    words = []
+    for part in (u4[:8], u4[8:], u3):
+        word = sum(v << (8 * i) for i, v in enumerate(part))
+        words += [word & 0xFFFFFFFF, word >> 32]
+    return [w - (1 << 32) if w >= 1 << 31 else w for w in words]
+
+
+Q8_LUT_NAMES = ("tl0", "tl1", "th0", "th1", "t30", "t31")
+
+
+def _ptx_k4_q8() -> str:
+    """$2: a word of 8 packed 4-bit codes (nibble r: dim r) -> $0: the 7-bit levels (q8_table) of dims 0..3 as
+    bytes 0..3, $1: of dims 4..7. $3..$6: tl0, tl1, th0, th1. Shifts as mul.hi (the FMA pipe)."""
+    return """{
+    .reg .b32 x, a, b, w;
+    xor.b32 x, $2, 0x88888888;
+    prmt.b32 a, $3, $4, $2;
+    prmt.b32 b, $5, $6, x;
+    or.b32 $0, a, b;
+    mul.hi.u32 w, $2, 0x10000;
+    mul.hi.u32 x, x, 0x10000;
+    prmt.b32 a, $3, $4, w;
+    prmt.b32 b, $5, $6, x;
+    or.b32 $1, a, b;
+}"""
+
+
+def _ptx_k3_q8() -> str:
+    """A 3-bit K block's 16 codes of a lane ($4: the 2-bit plane's word, dim j at bits 2j, 2j + 1; $5: the 1-bit
+    plane's 16 bits of the same dims) -> the 7-bit levels as bytes: $0 of dims 0, 2, 4, 6, $1 of 8, 10, 12, 14,
+    $2 of 1, 3, 5, 7, $3 of 9, 11, 13, 15 (the dot's contraction order takes them as they come). $6, $7: t30,
+    t31. The selectors as _ptx_3bit_planes' (_selectors3), one prmt per 4 codes."""
+    return ("{\n    .reg .b32 t, z, p, se, so;" + """
+    prmt.b32 p, $5, 0, 0x4140;
+    mul.lo.u32 t, p, 16;
+    or.b32 p, p, t;
+    and.b32 p, p, 0x0F0F0F0F;""" + _selectors3("$4", "p") + """
+    prmt.b32 $0, $6, $7, se;
+    prmt.b32 $2, $6, $7, so;
+    mul.hi.u32 se, se, 0x10000;
+    mul.hi.u32 so, so, 0x10000;
+    prmt.b32 $1, $6, $7, se;
+    prmt.b32 $3, $6, $7, so;
+}""")
+
+
+PTX_K4_Q8: gl.constexpr = gl.constexpr(_ptx_k4_q8())
+PTX_K3_Q8: gl.constexpr = gl.constexpr(_ptx_k3_q8())
 PTX_INT8_1TOK: gl.constexpr = gl.constexpr(_ptx_int8_one_token())
 PTX_INT8_2TOK: gl.constexpr = gl.constexpr(_ptx_int8_two_tokens())
 PTX_3BIT_PLANES: gl.constexpr = gl.constexpr(_ptx_3bit_planes())
@@ -375,6 +464,8 @@ LUT_LANE_ZEROS = 32
 LUT_ZEROS_AT: gl.constexpr = gl.constexpr(10)  # len(lut_words())
 # then the K rotation's signs of blocks 0..3 (float32 bit patterns, 64 a block): the octave kernel rotates q
 K_SIGNS_AT: gl.constexpr = gl.constexpr(10 + LUT_LANE_ZEROS)
+# then Q8_LUT_NAMES' words (after 4 blocks of 64 signs)
+Q8_LUT_AT: gl.constexpr = gl.constexpr(10 + LUT_LANE_ZEROS + 256)
 
 
 @gluon.jit
@@ -533,6 +624,18 @@ def _pv(v_a, p, vs, o, alpha, BLOCK_N: gl.constexpr, B_LAYOUT: gl.constexpr):
     return mma_v2(v_a, _transpose_p((p * vs[:, None]).to(gl.bfloat16), BLOCK_N, B_LAYOUT), o * alpha[None, :])
 
 
+# LAZY: the running maximum moves (and the outputs and denominators are rescaled) only when a tile's maximum
+# exceeds it by more than this (log2 units), so probabilities stay below 2^LAZY_LOG2; most tiles of a long
+# request skip the rescale's multiplies (64 per lane and tile at head_dim 256).
+LAZY_LOG2: gl.constexpr = gl.constexpr(8.0)
+
+
+@gluon.jit
+def _pv1(v_a, p, vs, o, BLOCK_N: gl.constexpr, B_LAYOUT: gl.constexpr):
+    """o + V^T (p * vs)^T for one block (LAZY: o already rescaled where needed)."""
+    return mma_v2(v_a, _transpose_p((p * vs[:, None]).to(gl.bfloat16), BLOCK_N, B_LAYOUT), o)
+
+
 @gluon.jit
 def _store_block(mid_o, o, inv, offs, h_ok, d0):
     om = gl.arange(0, 64, layout=gl.SliceLayout(1, o.type.layout))
@@ -584,6 +687,98 @@ def _rotated_q(q_ptr, signs, q_row, q_mask, d0, qk_scale, h_a, B_OP: gl.constexp
 
 
 @gluon.jit
+def _q8_order(k, K3: gl.constexpr):
+    """Q8's contraction order: the block dim the int8 dot's index k stands for. Lane t of an m16n8k32 left
+    operand holds k = 16 c + 4 t + e (c, e < 4); its lookup output c byte e is dim 16 t + 4 c + e of a 4-bit block
+    (_ptx_k4_q8 over the lane's two words), 16 t + 8 (c & 1) + (c >> 1) + 2 e of a 3-bit one (_ptx_k3_q8)."""
+    c = k >> 4
+    t = (k >> 2) & 3
+    e = k & 3
+    if K3:
+        return 16 * t + 8 * (c & 1) + (c >> 1) + 2 * e
+    else:
+        return 16 * t + 4 * c + e
+
+
+@gluon.jit
+def _hadamard_q8(A_OP: gl.constexpr, K3: gl.constexpr):
+    """_hadamard_a with its rows in _q8_order."""
+    k = gl.arange(0, 64, layout=gl.SliceLayout(1, A_OP))
+    j = gl.arange(0, 64, layout=gl.SliceLayout(0, A_OP))
+    zeros = gl.zeros([64, 64], gl.int32, layout=A_OP)
+    odd = gl.inline_asm_elementwise(PTX_PARITY, "=r,r,r", [zeros + _q8_order(k, K3)[:, None], zeros + j[None, :]],
+                                    dtype=gl.int32, is_pure=True, pack=1)
+    return gl.where(odd != 0, -0.125, 0.125).to(gl.bfloat16)
+
+
+@gluon.jit
+def _rotated_q32(q_ptr, signs, q_row, q_mask, d0, h_a, B_OP: gl.constexpr, MMA: gl.constexpr):
+    """_rotated_q's rotation, float32 [64, 8] in the accumulator layout (rows: h_a's order), not scaled."""
+    j = gl.arange(0, 64, layout=gl.SliceLayout(1, B_OP))
+    x = gl.load(q_ptr + q_row + d0 + j[:, None], mask=q_mask, other=0.0).to(gl.float32)
+    x = x * gl.load(signs + d0 + j)[:, None]
+    hi = x.to(gl.bfloat16)
+    lo = (x - hi.to(gl.float32)).to(gl.bfloat16)
+    y = mma_v2(h_a, lo, gl.zeros([64, 8], gl.float32, layout=MMA))
+    return mma_v2(h_a, hi, y)
+
+
+@gluon.jit
+def _q8_operand(y, inv, BLOCK_N: gl.constexpr, MMA: gl.constexpr, B8: gl.constexpr):
+    """A rotated q block y [64, 8] (float32) as int8 round(y * inv) (|.| <= 127: inv = 127 / the head's largest
+    |y| over all blocks), the int8 dot's right operand, and the dot's accumulator input [BLOCK_N, 8] int32:
+    -63.5 x the column sums (Q8_BIAS: the 7-bit levels' offset), rounded."""
+    x = y * inv[None, :]
+    r = gl.where(x >= 0, x + 0.5, x - 0.5).to(gl.int32)
+    b = gl.sum(r, axis=0).to(gl.float32) * 63.5
+    bias = gl.where(b >= 0, b + 0.5, b - 0.5).to(gl.int32)
+    c = gl.zeros([BLOCK_N, 8], gl.int32, layout=MMA) - bias[None, :]
+    return gl.convert_layout(r.to(gl.int8), B8), c
+
+
+@gluon.jit
+def _bytes4(o):
+    """int32 [...] -> int8 [..., 2, 2], element [..., i, j] = byte 2 i + j of o."""
+    b0 = o.to(gl.int8)
+    b1 = (o >> 8).to(gl.int8)
+    b2 = (o >> 16).to(gl.int8)
+    b3 = (o >> 24).to(gl.int8)
+    return gl.join(gl.join(b0, b2), gl.join(b1, b3))
+
+
+@gluon.jit
+def _k4q8_operand_a(words, lut8, BLOCK_N: gl.constexpr, A8: gl.constexpr):
+    """A 4-bit K block (int32 [BLOCK_N, 8], lane t holding words 2 t, 2 t + 1: dims 16 t .. 16 t + 15) as the int8
+    dot's left operand [BLOCK_N, 64] in _q8_order."""
+    lo, hi = gl.inline_asm_elementwise(PTX_K4_Q8, "=r,=r,r,r,r,r,r", [words, lut8[0], lut8[1], lut8[2], lut8[3]],
+                                       dtype=(gl.int32,) * 2, is_pure=True, pack=1)
+    z = gl.join(_bytes4(lo), _bytes4(hi))  # [N, 8 (2 t + w), 2 (i), 2 (j), 2 (h)]: c = 2 w + h, e = 2 i + j
+    z = gl.reshape(z, [BLOCK_N, 4, 2, 2, 2, 2])  # (n, t, w, i, j, h)
+    z = gl.permute(z, [0, 2, 5, 1, 3, 4])  # (n, w, h, t, i, j): k = 16 c + 4 t + e
+    return gl.convert_layout(gl.reshape(z, [BLOCK_N, 64]), A8)
+
+
+@gluon.jit
+def _k3q8_operand_a(plane2, plane1, lut8, BLOCK_N: gl.constexpr, A8: gl.constexpr):
+    """A 3-bit K block (plane2 int32 [N, 4], plane1 int16 [N, 4]: lane t's word / halfword t) as _k4q8_operand_a's."""
+    o0, o1, o2, o3 = gl.inline_asm_elementwise(PTX_K3_Q8, "=r,=r,=r,=r,r,r,r,r",
+                                               [plane2, plane1.to(gl.int32), lut8[4], lut8[5]],
+                                               dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+    z = gl.join(gl.join(_bytes4(o0), _bytes4(o2)), gl.join(_bytes4(o1), _bytes4(o3)))  # [N, 4 (t), i, j, u, v]
+    z = gl.permute(z, [0, 4, 5, 1, 2, 3])  # (n, u, v, t, i, j): c = 2 u + v, k = 16 c + 4 t + e
+    return gl.convert_layout(gl.reshape(z, [BLOCK_N, 64]), A8)
+
+
+@gluon.jit
+def _load_lut8(lut_ptr):
+    """Q8_LUT_NAMES' words (lut_ptr[Q8_LUT_AT:]), per lane as _load_lut's."""
+    z = (lut_ptr + LUT_ZEROS_AT).to(gl.int64, bitcast=True)
+    t = lut_ptr + Q8_LUT_AT
+    return (_per_lane(gl.load(t), z), _per_lane(gl.load(t + 1), z), _per_lane(gl.load(t + 2), z),
+            _per_lane(gl.load(t + 3), z), _per_lane(gl.load(t + 4), z), _per_lane(gl.load(t + 5), z))
+
+
+@gluon.jit
 def _program_split(kv_indptr, num_kv_splits, MIN_BLOCK: gl.constexpr, SPLIT_MUL: gl.constexpr):
     """This program's (request, KV head, split) and its token range [s0, s1) of the request (kv_start: the
     request's first entry of kv_indices); request b runs num_kv_splits[b] * SPLIT_MUL splits of whole MIN_BLOCKs,
@@ -628,7 +823,9 @@ def _store_partials(mid_o, mid_lse, o, m_i, l_acc, batch, kv_head, split, stride
 
 @gluon.jit
 def _step(cur, n0, s1, cn, lut, lut3, q, m_i, l_acc, o, BLOCK_N: gl.constexpr, MMA: gl.constexpr,
-          A_OP: gl.constexpr, B_OP: gl.constexpr, D256: gl.constexpr, V3: gl.constexpr):
+          A_OP: gl.constexpr, B_OP: gl.constexpr, D256: gl.constexpr, V3: gl.constexpr, lut8=None, qb=None,
+          qs=None, Q8: gl.constexpr = False, STEP4: gl.constexpr = 1.0, STEP3: gl.constexpr = 1.0,
+          LAZY: gl.constexpr = False):
     """One tile (_load_tile's words `cur`, tokens n0..) into the running softmax and outputs o (one [64, 8]
     accumulator per block). Every operand is decoded before the softmax: one basic block for ptxas to interleave
     the V lookups with the scores' reductions."""
@@ -640,28 +837,80 @@ def _step(cur, n0, s1, cn, lut, lut3, q, m_i, l_acc, o, BLOCK_N: gl.constexpr, M
         ks2, ks3 = _scale_pair(cur[S0 + 1])
         vs0, vs1 = _scale_pair(cur[S0 + 2])
         vs2, vs3 = _scale_pair(cur[S0 + 3])
-        s = mma_v2(_k_operand_a(cur[0], lut, BLOCK_N, A_OP), q[0], zero) * ks0[:, None]
-        s += mma_v2(_k3_operand_a(cur[1], cur[2], lut3, BLOCK_N, A_OP), q[1], zero) * ks1[:, None]
-        s += mma_v2(_k3_operand_a(cur[3], cur[4], lut3, BLOCK_N, A_OP), q[2], zero) * ks2[:, None]
-        s += mma_v2(_k3_operand_a(cur[5], cur[6], lut3, BLOCK_N, A_OP), q[3], zero) * ks3[:, None]
+        if Q8:
+            A8: gl.constexpr = gl.DotOperandLayout(0, MMA, 4)
+            # the 3-bit blocks' step is applied with qs (the caller's qs * STEP3), block 0's ratio to it here
+            s = mma_v2(_k4q8_operand_a(cur[0], lut8, BLOCK_N, A8), q[0], qb[0]).to(gl.float32) \
+                * (ks0 * (STEP4 / STEP3))[:, None]
+            s += mma_v2(_k3q8_operand_a(cur[1], cur[2], lut8, BLOCK_N, A8), q[1], qb[1]).to(gl.float32) * ks1[:, None]
+            s += mma_v2(_k3q8_operand_a(cur[3], cur[4], lut8, BLOCK_N, A8), q[2], qb[2]).to(gl.float32) * ks2[:, None]
+            s += mma_v2(_k3q8_operand_a(cur[5], cur[6], lut8, BLOCK_N, A8), q[3], qb[3]).to(gl.float32) * ks3[:, None]
+            s = s * qs[None, :]
+        else:
+            s = mma_v2(_k_operand_a(cur[0], lut, BLOCK_N, A_OP), q[0], zero) * ks0[:, None]
+            s += mma_v2(_k3_operand_a(cur[1], cur[2], lut3, BLOCK_N, A_OP), q[1], zero) * ks1[:, None]
+            s += mma_v2(_k3_operand_a(cur[3], cur[4], lut3, BLOCK_N, A_OP), q[2], zero) * ks2[:, None]
+            s += mma_v2(_k3_operand_a(cur[5], cur[6], lut3, BLOCK_N, A_OP), q[3], zero) * ks3[:, None]
         v_a0 = _v_block(cur, 7, 0, lut, lut3, BLOCK_N, A_OP, V3)
         v_a1 = _v_block(cur, 7, 1, lut, lut3, BLOCK_N, A_OP, V3)
         v_a2 = _v_block(cur, 7, 2, lut, lut3, BLOCK_N, A_OP, V3)
         v_a3 = _v_block(cur, 7, 3, lut, lut3, BLOCK_N, A_OP, V3)
-        p, alpha, m_i, l_acc = _softmax_step(s, c_ok, m_i, l_acc)
-        o = (_pv(v_a0, p, vs0, o[0], alpha, BLOCK_N, B_OP), _pv(v_a1, p, vs1, o[1], alpha, BLOCK_N, B_OP),
-             _pv(v_a2, p, vs2, o[2], alpha, BLOCK_N, B_OP), _pv(v_a3, p, vs3, o[3], alpha, BLOCK_N, B_OP))
+        if LAZY:
+            o0, o1, o2, o3 = o
+            s = gl.where(c_ok[:, None], s, float("-inf"))
+            m_tile = gl.max(s, axis=0)
+            if gl.max(m_tile - m_i, axis=0) > LAZY_LOG2:
+                m_new = gl.maximum(m_i, m_tile)
+                alpha = gl.exp2(m_i - m_new)
+                l_acc = l_acc * alpha[None, :]
+                o0 = o0 * alpha[None, :]
+                o1 = o1 * alpha[None, :]
+                o2 = o2 * alpha[None, :]
+                o3 = o3 * alpha[None, :]
+                m_i = m_new
+            p = gl.exp2(s - m_i[None, :])
+            l_acc = l_acc + p
+            o = (_pv1(v_a0, p, vs0, o0, BLOCK_N, B_OP), _pv1(v_a1, p, vs1, o1, BLOCK_N, B_OP),
+                 _pv1(v_a2, p, vs2, o2, BLOCK_N, B_OP), _pv1(v_a3, p, vs3, o3, BLOCK_N, B_OP))
+        else:
+            p, alpha, m_i, l_acc = _softmax_step(s, c_ok, m_i, l_acc)
+            o = (_pv(v_a0, p, vs0, o[0], alpha, BLOCK_N, B_OP), _pv(v_a1, p, vs1, o[1], alpha, BLOCK_N, B_OP),
+                 _pv(v_a2, p, vs2, o[2], alpha, BLOCK_N, B_OP), _pv(v_a3, p, vs3, o[3], alpha, BLOCK_N, B_OP))
     else:
         S0: gl.constexpr = 6 if V3 else 4  # the scale words after K's 2 and V's 2 or 4 entries
         ks0, ks1 = _scale_pair(cur[S0])
         vs0, vs1 = _scale_pair(cur[S0 + 1])
-        k_a0 = _k_operand_a(cur[0], lut, BLOCK_N, A_OP)
-        k_a1 = _k_operand_a(cur[1], lut, BLOCK_N, A_OP)
+        if Q8:
+            A8: gl.constexpr = gl.DotOperandLayout(0, MMA, 4)
+            k_a0 = _k4q8_operand_a(cur[0], lut8, BLOCK_N, A8)
+            k_a1 = _k4q8_operand_a(cur[1], lut8, BLOCK_N, A8)
+        else:
+            k_a0 = _k_operand_a(cur[0], lut, BLOCK_N, A_OP)
+            k_a1 = _k_operand_a(cur[1], lut, BLOCK_N, A_OP)
         v_a0 = _v_block(cur, 2, 0, lut, lut3, BLOCK_N, A_OP, V3)
         v_a1 = _v_block(cur, 2, 1, lut, lut3, BLOCK_N, A_OP, V3)
-        s = mma_v2(k_a0, q[0], zero) * ks0[:, None] + mma_v2(k_a1, q[1], zero) * ks1[:, None]
-        p, alpha, m_i, l_acc = _softmax_step(s, c_ok, m_i, l_acc)
-        o = (_pv(v_a0, p, vs0, o[0], alpha, BLOCK_N, B_OP), _pv(v_a1, p, vs1, o[1], alpha, BLOCK_N, B_OP))
+        if Q8:
+            s = (mma_v2(k_a0, q[0], qb[0]).to(gl.float32) * ks0[:, None]
+                 + mma_v2(k_a1, q[1], qb[1]).to(gl.float32) * ks1[:, None]) * qs[None, :]
+        else:
+            s = mma_v2(k_a0, q[0], zero) * ks0[:, None] + mma_v2(k_a1, q[1], zero) * ks1[:, None]
+        if LAZY:
+            o0, o1 = o
+            s = gl.where(c_ok[:, None], s, float("-inf"))
+            m_tile = gl.max(s, axis=0)
+            if gl.max(m_tile - m_i, axis=0) > LAZY_LOG2:
+                m_new = gl.maximum(m_i, m_tile)
+                alpha = gl.exp2(m_i - m_new)
+                l_acc = l_acc * alpha[None, :]
+                o0 = o0 * alpha[None, :]
+                o1 = o1 * alpha[None, :]
+                m_i = m_new
+            p = gl.exp2(s - m_i[None, :])
+            l_acc = l_acc + p
+            o = (_pv1(v_a0, p, vs0, o0, BLOCK_N, B_OP), _pv1(v_a1, p, vs1, o1, BLOCK_N, B_OP))
+        else:
+            p, alpha, m_i, l_acc = _softmax_step(s, c_ok, m_i, l_acc)
+            o = (_pv(v_a0, p, vs0, o[0], alpha, BLOCK_N, B_OP), _pv(v_a1, p, vs1, o[1], alpha, BLOCK_N, B_OP))
     return m_i, l_acc, o
 
 
@@ -672,7 +921,9 @@ def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, k
                        stride_vc_slot, stride_vc_head, stride_vs_slot, stride_vs_head,
                        stride_q_b, stride_q_h, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
                        GROUP: gl.constexpr, BLOCK_N: gl.constexpr, MIN_BLOCK: gl.constexpr, WIDE: gl.constexpr,
-                       D256: gl.constexpr = False, SPLIT_MUL: gl.constexpr = 1, V3: gl.constexpr = False):
+                       D256: gl.constexpr = False, SPLIT_MUL: gl.constexpr = 1, V3: gl.constexpr = False,
+                       Q8: gl.constexpr = False, STEP4: gl.constexpr = 1.0, STEP3: gl.constexpr = 1.0,
+                       LAZY: gl.constexpr = False):
     """One program per (request, KV head, split); request b runs num_kv_splits[b] * SPLIT_MUL splits. D256:
     head_dim 256 (K: a 4-bit block, three 3-bit ones), else 128 (two 4-bit K blocks). V3: 3-bit V blocks
     (octave_k3v3), else 4-bit (octave_k3v4). WIDE: row offsets in int64 (planes of 2^31 words or more)."""
@@ -695,13 +946,46 @@ def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, k
         qh = gl.arange(0, 8, layout=gl.SliceLayout(0, B_OP))
         q_row = (batch * stride_q_b + (kv_head * GROUP + qh).to(gl.int64) * stride_q_h)[None, :]
         q_mask = (qh < GROUP)[None, :]
-        h_a = _hadamard_a(A_OP)
         signs = (lut_ptr + K_SIGNS_AT).to(gl.pointer_type(gl.float32), bitcast=True)
-        q0 = _rotated_q(q_ptr, signs, q_row, q_mask, 0, qk_scale, h_a, B_OP, MMA)
-        q1 = _rotated_q(q_ptr, signs, q_row, q_mask, 64, qk_scale, h_a, B_OP, MMA)
-        if D256:
-            q2 = _rotated_q(q_ptr, signs, q_row, q_mask, 128, qk_scale, h_a, B_OP, MMA)
-            q3 = _rotated_q(q_ptr, signs, q_row, q_mask, 192, qk_scale, h_a, B_OP, MMA)
+        if Q8:
+            # int8 scores: q rotated in float32, one int8 scale per head over all blocks (qs, with qk_scale)
+            B8: gl.constexpr = gl.DotOperandLayout(1, MMA, 4)
+            h4 = _hadamard_q8(A_OP, False)
+            y0 = _rotated_q32(q_ptr, signs, q_row, q_mask, 0, h4, B_OP, MMA)
+            if D256:
+                h3 = _hadamard_q8(A_OP, True)
+                y1 = _rotated_q32(q_ptr, signs, q_row, q_mask, 64, h3, B_OP, MMA)
+                y2 = _rotated_q32(q_ptr, signs, q_row, q_mask, 128, h3, B_OP, MMA)
+                y3 = _rotated_q32(q_ptr, signs, q_row, q_mask, 192, h3, B_OP, MMA)
+                amax = gl.maximum(gl.maximum(gl.max(gl.abs(y0), axis=0), gl.max(gl.abs(y1), axis=0)),
+                                  gl.maximum(gl.max(gl.abs(y2), axis=0), gl.max(gl.abs(y3), axis=0)))
+            else:
+                y1 = _rotated_q32(q_ptr, signs, q_row, q_mask, 64, h4, B_OP, MMA)
+                amax = gl.maximum(gl.max(gl.abs(y0), axis=0), gl.max(gl.abs(y1), axis=0))
+            amax = gl.maximum(amax, 1e-30)
+            qs = amax * (qk_scale / 127.0)
+            inv = 127.0 / amax
+            q0, qb0 = _q8_operand(y0, inv, BLOCK_N, MMA, B8)
+            q1, qb1 = _q8_operand(y1, inv, BLOCK_N, MMA, B8)
+            if D256:
+                q2, qb2 = _q8_operand(y2, inv, BLOCK_N, MMA, B8)
+                q3, qb3 = _q8_operand(y3, inv, BLOCK_N, MMA, B8)
+                qb = (qb0, qb1, qb2, qb3)
+                qs = qs * STEP3  # _step's scores: the 3-bit blocks' step (block 0's ratio to it applied there)
+            else:
+                qb = (qb0, qb1)
+                qs = qs * STEP4
+            lut8 = _load_lut8(lut_ptr)
+        else:
+            h_a = _hadamard_a(A_OP)
+            q0 = _rotated_q(q_ptr, signs, q_row, q_mask, 0, qk_scale, h_a, B_OP, MMA)
+            q1 = _rotated_q(q_ptr, signs, q_row, q_mask, 64, qk_scale, h_a, B_OP, MMA)
+            if D256:
+                q2 = _rotated_q(q_ptr, signs, q_row, q_mask, 128, qk_scale, h_a, B_OP, MMA)
+                q3 = _rotated_q(q_ptr, signs, q_row, q_mask, 192, qk_scale, h_a, B_OP, MMA)
+            qb = None
+            qs = None
+            lut8 = None
         lut = _load_lut(lut_ptr)
         if D256 or V3:
             lut3 = _load_lut3(lut_ptr)
@@ -744,7 +1028,8 @@ def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, k
             tile = _load_tile(_slots(idx, n0 + BLOCK_N, s1, kn, vn, cn), n0 + BLOCK_N, s1, cn, kc_w, vc_w, ks_w, vs_w,
                               stride_kc_slot // 4, vc_stride, stride_ks_slot // 2, stride_vs_slot // 2, K_WORDS,
                               K3_WORDS, V_WORDS, D256, V3, WIDE)
-            m_i, l_acc, o = _step(cur, n0, s1, cn, lut, lut3, q, m_i, l_acc, o, BLOCK_N, MMA, A_OP, B_OP, D256, V3)
+            m_i, l_acc, o = _step(cur, n0, s1, cn, lut, lut3, q, m_i, l_acc, o, BLOCK_N, MMA, A_OP, B_OP, D256, V3,
+                                  lut8, qb, qs, Q8, STEP4, STEP3, LAZY)
 
         _store_partials(mid_o, mid_lse, o, m_i, l_acc, batch, kv_head, split, stride_mo_b, stride_mo_h, stride_mo_s,
                         stride_ml_b, stride_ml_h, GROUP, HEADS)
@@ -908,7 +1193,9 @@ def lut_tensor(device) -> torch.Tensor:
         words = lut_words()
         assert len(words) == LUT_ZEROS_AT.value and len(words) + LUT_LANE_ZEROS == K_SIGNS_AT.value
         signs = rotation.signs(rotation.K_TENSOR, 4).reshape(-1).view(torch.int32).tolist()
-        _LUT[key] = torch.tensor(words + [0] * LUT_LANE_ZEROS + signs, dtype=torch.int32, device=device)
+        assert len(words) + LUT_LANE_ZEROS + len(signs) == Q8_LUT_AT.value
+        _LUT[key] = torch.tensor(words + [0] * LUT_LANE_ZEROS + signs + q8_lut_words(), dtype=torch.int32,
+                                 device=device)
     return _LUT[key]
 
 
@@ -961,7 +1248,8 @@ def default_for(fmt, group: int, q_len: int, x) -> bool:
 
 
 def launch_stage1(grid, q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse, sm_scale,
-                  group: int, block_n: int, min_block: int, split_mul: int = 1, warmup: bool = False):
+                  group: int, block_n: int, min_block: int, split_mul: int = 1, warmup: bool = False,
+                  qk8: bool = False, lazy: bool = False):
     """Launch (or, with warmup, only compile and return the kernel: decode.resident_programs reads it): the int8
     kernel for int8 code planes, else the octave one. Octave code planes are read as 32-bit words and a (token,
     head)'s two fp16 scales as one: rows and heads must start on 4-byte boundaries. int8 code rows are read as
@@ -979,6 +1267,10 @@ def launch_stage1(grid, q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_spli
         wide = max(kc.numel(), vc.numel()) // 4 >= 2**31 or max(ks.numel(), vs.numel()) >= 2**31
     else:
         kernel, consts = _decode_stage1_mma, {"D256": d256, "V3": _octave_v3(vc, d)}
+        if qk8:
+            consts.update({"Q8": True, "STEP4": q8_table(4)[0], "STEP3": q8_table(3)[0]})
+        if lazy:
+            consts["LAZY"] = True
         wide = _octave_checks(kc, ks, vc, vs)
     args = (q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse, sm_scale,
             lut_tensor(q_in.device), kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0),

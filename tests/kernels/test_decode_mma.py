@@ -113,6 +113,36 @@ def test_three_bit_lookup_with_table_operands_equals_levels_ptx():
                                                                                [w2, w1], 8)
 
 
+def test_int8_score_levels_are_symmetric_7_bit_and_close_to_the_codebook():
+    for bits in (3, 4):
+        step, u = decode_mma.q8_table(bits)
+        levels = LEVELS[bits]
+        assert len(u) == len(levels) and all(0 <= x < 128 for x in u)  # prmt's sign-replicate zeroes them
+        assert all(u[c] + u[len(u) - 1 - c] == 127 for c in range(len(u)))  # -L -> 127 - u(L)
+        err = max(abs((x - decode_mma.Q8_BIAS) * step - level) for x, level in zip(u, levels))
+        assert err <= 0.5 * step and err < 0.02, (bits, err, step)
+
+
+def test_int8_score_lookups_give_the_7_bit_levels():
+    _, u4 = decode_mma.q8_table(4)
+    _, u3 = decode_mma.q8_table(3)
+    lut8 = [w & 0xFFFFFFFF for w in decode_mma.q8_lut_words()]
+    rng = random.Random(3)
+    words = [rng.getrandbits(32) for _ in range(500)] + [sum(c << (4 * r) for r in range(8)) for c in range(16)]
+    for w in words:  # 4-bit: nibble r is dim r; output 0 holds dims 0..3 as bytes, output 1 dims 4..7
+        outs = _run(decode_mma._ptx_k4_q8(), [w] + lut8[:4], 2)
+        got = [(outs[r // 4] >> (8 * (r % 4))) & 0xFF for r in range(8)]
+        assert got == [u4[(w >> (4 * r)) & 15] for r in range(8)], hex(w)
+    dims = ((0, 2, 4, 6), (8, 10, 12, 14), (1, 3, 5, 7), (9, 11, 13, 15))
+    cases = [(rng.getrandbits(32), rng.getrandbits(32)) for _ in range(500)]
+    cases += [(sum((c & 3) << (2 * j) for j in range(16)), 0xFFFF * (c >> 2)) for c in range(8)]
+    for w2, w1 in cases:  # 3-bit: the planes' 16 dims; bits above the 1-bit plane's 16 are ignored
+        outs = _run(decode_mma._ptx_k3_q8(), [w2, w1] + lut8[4:], 4)
+        for c in range(4):
+            got = [(outs[c] >> (8 * e)) & 0xFF for e in range(4)]
+            assert got == [u3[((w2 >> (2 * d)) & 3) | (((w1 >> d) & 1) << 2)] for d in dims[c]], (hex(w2), c)
+
+
 def test_scope_errors_name_what_is_supported(device):
     q = torch.zeros(1, 8, 64, device=device)
     fmt = get_format("octave_k3v3", 64)
@@ -133,9 +163,13 @@ def test_scope_errors_name_what_is_supported(device):
 @pytest.mark.parametrize("head_dim,group,h_kv", [(128, 8, 2), (128, 3, 1), (256, 8, 1), (256, 5, 2)])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("given_splits", [False, True])
-def test_mma_decode_matches_reference(name, head_dim, group, h_kv, page_size, given_splits, device):
+@pytest.mark.parametrize("opts", [{}, {"qk8": False, "lazy": False}], ids=["default", "bf16-scores"])
+def test_mma_decode_matches_reference(name, head_dim, group, h_kv, page_size, given_splits, opts, device):
+    """The default octave path (int8 scores, lazy rescale: decode.MMA_QK8 / MMA_LAZY) and the bf16-scores one."""
     if device != "cuda":
         pytest.skip("a Gluon kernel: runs on an NVIDIA GPU only (TRITON_INTERPRET=0)")
+    if opts and name == "int8":
+        pytest.skip("the score options are octave's")
     fmt = get_format(name, head_dim, 64 if head_dim == 256 else None)
     if name == "int8" and head_dim == 128 and group == 3:
         fmt, head_dim = get_format("int8", 64), 64  # int8 covers head_dim 64 too
@@ -153,11 +187,12 @@ def test_mma_decode_matches_reference(name, head_dim, group, h_kv, page_size, gi
     o = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device=device)
     kw = {"num_kv_splits": torch.tensor([4, 1, 2, 3, 1, 4], dtype=torch.int32, device=device),
           "max_kv_splits": 4} if given_splits else {}
-    decode_attention(fmt, q, planes, o, ip, flat, head_dim ** -0.5, page_size=page_size, stage1="mma", **kw)
+    decode_attention(fmt, q, planes, o, ip, flat, head_dim ** -0.5, page_size=page_size, stage1="mma", **opts, **kw)
     ref = reference.decode_attention(fmt, q, planes, ip, flat, head_dim ** -0.5)
     assert not torch.isnan(o).any(), "output elements left unwritten"
     assert not o[1].float().any(), "a request without KV must get zeros"
     err = ((o.float() - ref).norm() / ref.norm()).item()
+    print(f"{name} d{head_dim} group {group} {opts}: relative error {err:.2e}")
     assert err < 1e-2, f"relative error {err:.2e} against the reference"  # bf16 operands: ~3e-3 measured
 
 
