@@ -30,13 +30,13 @@ The lookups run on the integer ALU pipe (half rate on sm_80 and sm_90), which bo
 written as mul.hi so that ptxas issues them on the FMA pipe (_prep, _upper), and the tables are held per lane
 (_load_lut). Softmax denominators stay per (token row, head) until the end.
 
-Int8 scores (Q8, the default for every octave layout: decode.MMA_QK8): K's levels are looked up as 7-bit integers
-(q8_table: a level is (u - 63.5) x step, at most 0.017 off at 4 bits and 0.006 at 3) straight into the operand of an
-int8 m16n8k32 dot, and q, rotated in float32, is rounded to int8 with one scale per head. Half the lookups of the
-bf16 pairs and half the score dots: 146-154 -> 133-145 us at batch 8 x 32k on an H200. It adds error of its own
-against the format's reference (4e-3 to 7e-3 relative, against 3e-3 with bf16 operands), 15 to 47 times under the
-format's own (0.11 to 0.19 against attention over the unquantized K/V, unchanged). LAZY (decode.MMA_LAZY): the running
-maximum moves only when a tile exceeds it by 2^8, so most tiles skip rescaling the outputs (_step).
+Int8 scores (Q8, opt-in: decode_attention(..., qk8=True)): K's levels are looked up as 7-bit integers (q8_table:
+a level is (u - 63.5) x step, at most 0.017 off at 4 bits and 0.006 at 3) straight into the operand of an int8
+m16n8k32 dot, and q, rotated in float32, is rounded to int8 with one scale per head. Half the lookups of the bf16
+pairs and half the score dots: 8-15 % faster at batch 8 x 32k on an H200, but about three times the bf16 scores'
+error against the format's reference (1.1e-2 to 1.4e-2 relative in tests/kernels/test_decode_mma.py, where bf16
+scores give 3.7e-3 to 4.8e-3), so not the default. LAZY (decode.MMA_LAZY, exact arithmetic, on by default): the
+running maximum moves only when a tile exceeds it by 2^8, so most tiles skip rescaling the outputs (_step).
 
 int8 (_decode_stage1_mma_int8) has the same structure with f16 operands: a code becomes one by the exponent-byte
 conversion (PTX_INT8_1TOK, PTX_INT8_2TOK), with no lookup.

@@ -139,7 +139,8 @@ def _mma_variants():
         SPLIT_MUL=C(1), V3=C(v3), Q8=C(q8), STEP4=C(decode_mma.q8_table(4)[0]),
         STEP3=C(decode_mma.q8_table(3)[0]), LAZY=C(lazy)), {"num_warps": 1, BACKENDS: ("cuda",)})
         for v3 in (False, True) for d in (128, 256) for n in (16, 32)
-        for q8, lazy in ((False, False), (True, f"d{d}{'v3' if v3 else ''}" in decode.MMA_LAZY))] + [
+        for q8, lazy in ((False, False), (False, True), (True, f"d{d}{'v3' if v3 else ''}" in decode.MMA_LAZY))
+        if not (lazy and not q8 and f"d{d}{'v3' if v3 else ''}" not in decode.MMA_LAZY)] + [
         (f"decode_stage1_mma int8 d{d} n{n}", decode_mma._decode_stage1_mma_int8, dict(
             q_ptr="*bf16", k_codes="*i8", k_scales="*fp32", v_codes="*i8", v_scales="*fp32", kv_indptr="*i32",
             kv_indices="*i64", num_kv_splits="*i32", mid_o="*fp32", mid_lse="*fp32", sm_scale="fp32", lut_ptr="*i32",

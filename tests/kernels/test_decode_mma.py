@@ -163,9 +163,11 @@ def test_scope_errors_name_what_is_supported(device):
 @pytest.mark.parametrize("head_dim,group,h_kv", [(128, 8, 2), (128, 3, 1), (256, 8, 1), (256, 5, 2)])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("given_splits", [False, True])
-@pytest.mark.parametrize("opts", [{}, {"qk8": False, "lazy": False}], ids=["default", "bf16-scores"])
+@pytest.mark.parametrize("opts", [{}, {"qk8": False, "lazy": False}, {"qk8": True}],
+                         ids=["default", "eager-rescale", "int8-scores"])
 def test_mma_decode_matches_reference(name, head_dim, group, h_kv, page_size, given_splits, opts, device):
-    """The default octave path (int8 scores, lazy rescale: decode.MMA_QK8 / MMA_LAZY) and the bf16-scores one."""
+    """The default octave path (bf16 scores, lazy rescale: decode.MMA_QK8 / MMA_LAZY), the eager rescale and the
+    int8 scores (opt-in: about three times the bf16 scores' error)."""
     if device != "cuda":
         pytest.skip("a Gluon kernel: runs on an NVIDIA GPU only (TRITON_INTERPRET=0)")
     if opts and name == "int8":
@@ -193,7 +195,10 @@ def test_mma_decode_matches_reference(name, head_dim, group, h_kv, page_size, gi
     assert not o[1].float().any(), "a request without KV must get zeros"
     err = ((o.float() - ref).norm() / ref.norm()).item()
     print(f"{name} d{head_dim} group {group} {opts}: relative error {err:.2e}")
-    assert err < 1e-2, f"relative error {err:.2e} against the reference"  # bf16 operands: ~3e-3 measured
+    # bf16 scores: 3.7e-3 to 4.8e-3 measured on the H200; int8 scores 1.1e-2 to 1.4e-2 (q rounded to int8, K's
+    # levels to 7 bits: docs/benchmarks/kernels.md, round 19)
+    bound = 2e-2 if opts.get("qk8") else 1e-2
+    assert err < bound, f"relative error {err:.2e} against the reference"
 
 
 def test_int8_default_takes_the_gluon_kernel_for_long_requests_only(device, monkeypatch):
