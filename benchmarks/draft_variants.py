@@ -29,7 +29,8 @@ from sglang_ext.models.builtin import default_model_dir
 from sglang_ext.models.draft_acceptance import measure
 from sglang_ext.models.draft_corpus import HELDOUT_TOPICS, generate, prompts, train_prompts
 from sglang_ext.models.draft_loss import corpus_vocab
-from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_config, load_mtp_weights
+from sglang_ext.models.mtp_checkpoint import (fixed_seed_mtp_weights, load_config, load_mtp_weights,
+                                              write_mtp_checkpoint)
 from sglang_ext.models.mtp_layer import MtpLayer
 from sglang_ext.models.train_draft import DraftTrainConfig, corpus_batch, fit_layer, linear_start, load_base
 
@@ -63,6 +64,7 @@ def _corpus_like_train_draft(args, start, model, tokenizer, held_prompts, pool):
     and with the temperatures of train_draft.corpus_batch, later batches stopping at the deadline."""
     config = DraftTrainConfig()
     held = [s for s in generate(model, tokenizer, held_prompts, 128, 0.0, seed=0) if s is not None]
+    model.to(config.resolved_corpus_dtype())  # as train_draft: the held-out text in float32, the corpus not
     corpus, b = [], 0
     while time.monotonic() - start < args.seconds:
         indices, temperature = corpus_batch(b, len(pool), config)
@@ -107,12 +109,21 @@ def train(args):
     stored = mtp.to(torch.bfloat16).float().eval()
     acc = measure(stored, embed, lm_head, held, config.draft_steps)
     tree = measure(stored, embed, lm_head, held, config.draft_steps, config.tree_topk)
-    print(json.dumps({"name": args.name, "set": args.set, "corpus_tokens": sum(len(s.tokens) for s in corpus),
-                      "train_sequences": len(training), "steps": fit.steps, "train_s": round(seconds),
-                      "best_step": fit.best_step, "accept": round(acc.mean_accept_length, 4),
-                      "tree_accept": round(tree.mean_accept_length, 4),
-                      "match": [round(m, 4) for m in acc.per_step_match], "positions": acc.positions,
-                      "validation": fit.validation, "load": os.getloadavg()}), flush=True)
+    row = {"name": args.name, "set": args.set, "corpus_tokens": sum(len(s.tokens) for s in corpus),
+           "train_sequences": len(training), "steps": fit.steps, "train_s": round(seconds),
+           "best_step": fit.best_step, "accept": round(acc.mean_accept_length, 4),
+           "tree_accept": round(tree.mean_accept_length, 4),
+           "match": [round(m, 4) for m in acc.per_step_match], "positions": acc.positions,
+           "validation": fit.validation, "load": os.getloadavg()}
+    if args.heldout_cache:  # the continuations `heldout --cache` made (its --prompts of them)
+        more = [s for s in torch.load(args.heldout_cache, weights_only=False) if s is not None]
+        row[f"heldout{len(more)}"] = {
+            "chain": round(measure(stored, embed, lm_head, more, config.draft_steps).mean_accept_length, 4),
+            "tree": round(measure(stored, embed, lm_head, more, config.draft_steps,
+                                  config.tree_topk).mean_accept_length, 4)}
+    if args.out:
+        write_mtp_checkpoint(base, args.out, {k: v.detach() for k, v in stored.state_dict().items()})
+    print(json.dumps(row), flush=True)
 
 
 def heldout(args):
@@ -159,6 +170,9 @@ def main():
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--tokens", type=int, default=0, help="only the first corpus sequences, up to this many tokens")
     t.add_argument("--set", nargs="*", default=[], help="DraftTrainConfig overrides, key=python-literal")
+    t.add_argument("--heldout-cache", default="", help="also measure on these held-out continuations (a "
+                   "`heldout --cache` file)")
+    t.add_argument("--out", default="", help="write the trained layer here (a servable MTP checkpoint folder)")
     h = sub.add_parser("heldout")
     h.add_argument("dirs", nargs="+", help="MTP checkpoint folders (train-draft --out)")
     h.add_argument("--prompts", type=int, default=80)

@@ -197,6 +197,10 @@ def test_corpus_batches_walk_the_pool_then_wrap_around_sampled():
         DraftTrainConfig(corpus_dtype="float16")
     with pytest.raises(ValueError, match="ema_decay"):
         DraftTrainConfig(ema_decay=1.0)
+    # training runs from the corpus phase's end to final_seconds before the budget's end; none left is an error
+    with pytest.raises(ValueError, match="no training time"):
+        DraftTrainConfig(minutes=1, corpus_share=0.5, final_seconds=30)
+    DraftTrainConfig(minutes=1, corpus_share=0.45, final_seconds=30)
 
 
 def test_nucleus_gumbel_samples_top_p_at_the_temperature():
