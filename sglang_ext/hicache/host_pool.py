@@ -71,7 +71,7 @@ class CompressedMHAHostPool(compat.HostKVCache):
         self.page_size = page_size
         self.plane_specs = fmt.plane_specs()
         # Identifies the page bytes in storage keys (SGLang appends it to the model name).
-        self.storage_format_tag = f"sgx-{fmt.name}-h{self.head_num}-d{fmt.head_dim}-r{fmt.rotary_dim}-l{self.layer_num}"
+        self.storage_format_tag = f"sgx-{fmt.name}-v{fmt.revision}-h{self.head_num}-d{fmt.head_dim}-r{fmt.rotary_dim}-l{self.layer_num}"
         on_cuda = buffer_info.device.type == "cuda"
         super().__init__(
             dtype=buffer_info.dtype,

@@ -19,6 +19,9 @@ class KVFormat(ABC):
     # True when attention runs in a rotated basis: the kernels rotate q with rotate_k, accumulate V in V's
     # rotated basis and un-rotate the output with unrotate_v.
     rotated: bool = False
+    # What stored bytes mean: bumped when the same bytes would decode differently (octave: codebook.REVISION).
+    # Storage keys carry it, so pages of another revision are misses, never misread.
+    revision: int = 1
 
     def __init__(self, head_dim: int, rotary_dim: int | None = None):
         if head_dim not in SUPPORTED_HEAD_DIMS:

@@ -24,7 +24,7 @@ import torch
 
 from . import rotation
 from .base import KVFormat
-from .codebook import LEVELS, thresholds
+from .codebook import LEVELS, REVISION, thresholds
 from .packing import BLOCK, BLOCK_BYTES, pack_block, unpack_block
 
 K_ROPE_BITS = 4  # K blocks that carry rotary dims (partial-RoPE models)
@@ -66,6 +66,7 @@ def quantize_rotated_block(y: torch.Tensor, bits: int) -> tuple[torch.Tensor, to
 
 class OctaveFormat(KVFormat):
     rotated = True
+    revision = REVISION
 
     def __init__(self, name: str, v_bits: int, head_dim: int, rotary_dim: int | None = None,
                  full_rope_k_bits: int = FULL_ROPE_K_BITS):
