@@ -483,7 +483,8 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     decode_mma.default_for's
     choice, unless dot_bf16=False or one of the Triton kernel's launch arguments (kv_a, min_rows, num_warps,
     num_stages, lut, int8_f16, maxnreg) is given. qk8, lazy: the mma kernel's int8 scores and lazy rescale for
-    octave formats (decode_mma's docstring; None: MMA_QK8 / MMA_LAZY's choice for the layout). Returns o."""
+    octave formats (decode_mma's docstring; None: MMA_QK8 / MMA_LAZY / MMA_LAZY_QK8's choice for the layout).
+    Returns o."""
     check_planes(fmt, planes)
     rows, hq, d = q.shape
     assert q_len >= 1 and rows % q_len == 0, (rows, q_len)
@@ -529,10 +530,11 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
         short_int8 = kind == tables.FMT_INT8 and kv_indices.shape[0] < MMA_INT8_MIN_TOKENS * batch  # mean length
         if stage1 == "mma" or (decode_mma.default_for(fmt, group, q_len, q) and not short_int8):
             mma_layout = decode_mma.layout_of(fmt)
+            qk8 = mma_layout in MMA_QK8 if qk8 is None else qk8
+            lazy = mma_layout in (MMA_LAZY_QK8 if qk8 else MMA_LAZY) if lazy is None else lazy
             return _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, num_kv_splits,
                                max_kv_splits, block_n or MMA_BLOCK_N[mma_layout], fill_waves, batch, h_kv, group,
-                               qk8=mma_layout in MMA_QK8 if qk8 is None else qk8,
-                               lazy=mma_layout in MMA_LAZY if lazy is None else lazy)
+                               qk8=qk8, lazy=lazy)
     launch = default_launch(fmt, group, q_len, q, batch * h_kv * max_kv_splits)
     block_n = block_n or launch.get("block_n") or default_block_n(kind, d)
     num_warps = num_warps or launch.get("num_warps", 4)
@@ -605,12 +607,15 @@ def _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits: int, q
 # 16 took 169, d256 32 took 168 and 16 took 162 (at 32 the loop spills a few registers).
 MMA_BLOCK_N = {"d128": 32, "d256": 16, "d128v3": 32, "d256v3": 16, "int8d64": 32, "int8d128": 32, "int8d256": 16}
 # The octave options of the mma kernel per layout (decode_attention's qk8 / lazy when not given; H200 measurements in
-# docs/benchmarks/kernels.md, round 19). The lazy rescale is exact arithmetic and on by default. Int8 scores
-# (decode_mma.Q8: K as 7-bit integer levels, q as int8) made batch 8 x 32k 8-15 % faster but are off by default:
-# their score error (about 0.02 nats at |q| |k| / sqrt(d) ~ 32) moved single elements of short, sharp requests
-# past the 2e-2 tolerance of tests/kernels/test_attention.py on the H200; qk8=True asks for them.
-MMA_QK8: frozenset = frozenset()
-MMA_LAZY = frozenset({"d128", "d128v3", "d256"})
+# docs/benchmarks/kernels.md, rounds 19-20). Int8 scores (decode_mma.Q8: K's levels as the codebook's 7-bit grid
+# integers, q as hi + lo / 256 int8 parts; the error of bf16 scores or less) are the default at d128, where every
+# shape of the grid ran faster (batch 8 x 32k: k3v4 139 -> 132 us, k3v3 144 -> 137). At d256 they are not: faster
+# from batch 8 x 32k up (141 against 144 us) but slower at batch 1 (32k: 50 against 42) and at 4k, their four q
+# blocks' operands at 255 registers. The lazy rescale is exact arithmetic; at d256 with int8 scores it spills
+# (149 against 141 us eager), hence its own set.
+MMA_QK8 = frozenset({"d128", "d128v3"})
+MMA_LAZY = frozenset({"d128", "d128v3", "d256"})  # with bf16 scores
+MMA_LAZY_QK8 = frozenset({"d128", "d128v3"})  # with int8 scores
 # int8 takes the Gluon stage 1 by default only for requests of at least this mean length: on the H200 it was
 # faster at every 32k and 128k shape of the grid (batch 8 x 32k d256: 164 -> 151 us; batch 1 x 128k: 174 -> 83 at
 # d128, 256 -> 113 at d256), but at 4k slower in 3 of 6 (batch 8 d256 36 -> 43 us; docs/benchmarks/kernels.md,

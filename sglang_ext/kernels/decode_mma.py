@@ -30,13 +30,15 @@ The lookups run on the integer ALU pipe (half rate on sm_80 and sm_90), which bo
 written as mul.hi so that ptxas issues them on the FMA pipe (_prep, _upper), and the tables are held per lane
 (_load_lut). Softmax denominators stay per (token row, head) until the end.
 
-Int8 scores (Q8, opt-in: decode_attention(..., qk8=True)): K's levels are looked up as 7-bit integers (q8_table:
-a level is (u - 63.5) x step, at most 0.017 off at 4 bits and 0.006 at 3) straight into the operand of an int8
-m16n8k32 dot, and q, rotated in float32, is rounded to int8 with one scale per head. Half the lookups of the bf16
-pairs and half the score dots: 8-15 % faster at batch 8 x 32k on an H200, but about three times the bf16 scores'
-error against the format's reference (1.1e-2 to 1.4e-2 relative in tests/kernels/test_decode_mma.py, where bf16
-scores give 3.7e-3 to 4.8e-3), so not the default. LAZY (decode.MMA_LAZY, exact arithmetic, on by default): the
-running maximum moves only when a tile exceeds it by 2^8, so most tiles skip rescaling the outputs (_step).
+Int8 scores (Q8; decode.MMA_QK8: the default at head_dim 128): the codebook's levels lie on a 7-bit integer grid
+(kvformats/codebook.py), so K's codes are looked up as bytes u (level = (u - 63.5) x step, exactly) straight into
+the operand of an int8 m16n8k32 dot; q, rotated in float32, goes in as two int8 parts hi + lo / 256, the lo dot
+feeding the hi dot's accumulator (_q8_scores). Half the lookups of the bf16 pairs: 5 % faster at batch 8 x 32k
+on an H200 (d128), with the error of bf16 scores or less (2.6e-3 to 3.3e-3 relative to the format's reference in
+tests/kernels/test_decode_mma.py, against 3.7e-3 to 4.8e-3). At head_dim 256 the four blocks' q operands take
+255 registers and the kernel is slower at batch 1, so bf16 scores stay its default. LAZY (decode.MMA_LAZY, exact
+arithmetic): the running maximum moves only when a tile exceeds it by 2^8, so most tiles skip rescaling the
+outputs (_step).
 
 int8 (_decode_stage1_mma_int8) has the same structure with f16 operands: a code becomes one by the exponent-byte
 conversion (PTX_INT8_1TOK, PTX_INT8_2TOK), with no lookup.
@@ -51,7 +53,6 @@ decode._decode_stage1, merged by its stage 2.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -60,7 +61,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ..kvformats import rotation
-from ..kvformats.codebook import LEVELS
+from ..kvformats.codebook import GRID, GRID_OFFSET, STEP
 from .levels_ptx import _tables
 
 # The lookup tables, as asm operands: loaded once before the loop (lut_words), they stay in registers. As
@@ -260,30 +261,20 @@ def _ptx_int8_two_tokens() -> str:
     return "{\n    .reg .b32 x, bias;\n    mov.b32 bias, " + f"{I8_BIAS:#010x};" + "".join(out) + "\n}"
 
 
-# --- int8 scores (Q8): K's levels as 7-bit integers, q as int8, S^T = K q^T by mma m16n8k32 -------------------
-# A level L of a `bits` table is held as the byte u = 63.5 + L / step rounded (0 <= u <= 127; the codebook is
-# symmetric, so u(-L) = 127 - u(L)); the scores' dot then sums q8 (u - 63.5) = q8 L / step, the 63.5 q8 part
-# subtracted through the dot's accumulator input (_q8_operand). step: the value in a fixed grid with the least
-# squared level error (round-off of a level: at most 0.017 (4-bit) and 0.006 (3-bit), against level spacings of
-# 0.26 and 0.49). All 16 bytes of a 4-bit table have bit 7 clear, so one prmt over the codes with prmt's
-# sign-replicate mode (selector bit 3) zeroes the bytes of codes >= 8 and another over codes ^ 8 those of codes
-# < 8: two lookups and an or per 4 codes, against four lookups and an add for the bf16 pairs.
-Q8_BIAS = 63.5
+# --- int8 scores (Q8): K's levels as 7-bit integers, q as two int8 parts, S^T = K q^T by mma m16n8k32 ----------
+# The codebook's levels lie on a 7-bit grid (kvformats/codebook.py): level = (u - 63.5) x step, u an integer in
+# 0..127 with u(-L) = 127 - u(L). A level is looked up as its byte u, so the int8 dot's products are exact; the
+# 63.5 part comes off through the dot's accumulator input (_q8_operand). All 16 bytes of a 4-bit table have bit 7
+# clear, so one prmt over the codes with prmt's sign-replicate mode (selector bit 3) zeroes the bytes of codes
+# >= 8 and another over codes ^ 8 those of codes < 8: two lookups and an or per 4 codes, against four lookups and
+# an add for the bf16 pairs. q, rotated in float32, goes in as hi + lo / 256, both int8 (_q8_operand, _q8_scores).
+Q8_BIAS = GRID_OFFSET
+assert Q8_BIAS == 63.5, "_q8_operand's constants"
 
 
-@functools.lru_cache(maxsize=None)
 def q8_table(bits: int) -> tuple[float, tuple[int, ...]]:
-    """(step, bytes u per code) of the 7-bit integer levels of LEVELS[bits] (see above)."""
-    levels = [float(x) for x in LEVELS[bits]]
-    top = max(abs(x) for x in levels)
-    best = None
-    for i in range(4001):  # steps from top / 63.5 (u spans 0..127) to top / 40
-        step = top / (63.5 - 23.5 * i / 4000)
-        err = sum((x / step - (round(Q8_BIAS + x / step) - Q8_BIAS)) ** 2 for x in levels)
-        if best is None or err < best[0]:
-            best = (err, step)
-    step = best[1]
-    return step, tuple(int(round(Q8_BIAS + x / step)) for x in levels)
+    """(step, byte u per code) of LEVELS[bits]: level = (u - Q8_BIAS) x step exactly."""
+    return STEP[bits], GRID[bits]
 
 
 def q8_lut_words() -> list[int]:
@@ -725,15 +716,29 @@ def _rotated_q32(q_ptr, signs, q_row, q_mask, d0, h_a, B_OP: gl.constexpr, MMA: 
 
 @gluon.jit
 def _q8_operand(y, inv, BLOCK_N: gl.constexpr, MMA: gl.constexpr, B8: gl.constexpr):
-    """A rotated q block y [64, 8] (float32) as int8 round(y * inv) (|.| <= 127: inv = 127 / the head's largest
-    |y| over all blocks), the int8 dot's right operand, and the dot's accumulator input [BLOCK_N, 8] int32:
-    -63.5 x the column sums (Q8_BIAS: the 7-bit levels' offset), rounded."""
+    """A rotated q block y [64, 8] (float32) as two int8 right operands of the int8 dot, hi = round(y * inv)
+    (|.| <= 127: inv = 127 / the head's largest |y| over all blocks) and lo = round(256 (y * inv - hi)), and the
+    accumulator input [BLOCK_N, 8] int32 of the lo dot: -(256 x Q8_BIAS x hi's column sums + Q8_BIAS x lo's, the
+    latter rounded), + 128 to round the division by 256 that turns the lo dot into the hi dot's accumulator input
+    (_q8_scores). In range: |lo dot| <= 64 x 127 x 128, |bias| <= 16256 x 64 x 127 < 2^28."""
     x = y * inv[None, :]
-    r = gl.where(x >= 0, x + 0.5, x - 0.5).to(gl.int32)
-    b = gl.sum(r, axis=0).to(gl.float32) * 63.5
-    bias = gl.where(b >= 0, b + 0.5, b - 0.5).to(gl.int32)
-    c = gl.zeros([BLOCK_N, 8], gl.int32, layout=MMA) - bias[None, :]
-    return gl.convert_layout(r.to(gl.int8), B8), c
+    hi = gl.where(x >= 0, x + 0.5, x - 0.5).to(gl.int32)
+    d = (x - hi.to(gl.float32)) * 256.0
+    lo = gl.minimum(gl.where(d >= 0, d + 0.5, d - 0.5).to(gl.int32), 127)
+    b = gl.sum(lo, axis=0).to(gl.float32) * 63.5  # Q8_BIAS; exact in float32
+    bias = 128 - gl.sum(hi, axis=0) * 16256 - gl.where(b >= 0, b + 0.5, b - 0.5).to(gl.int32)  # 16256 = 256 x 63.5
+    c = gl.zeros([BLOCK_N, 8], gl.int32, layout=MMA) + bias[None, :]
+    return gl.convert_layout(hi.to(gl.int8), B8), gl.convert_layout(lo.to(gl.int8), B8), c
+
+
+@gluon.jit
+def _q8_scores(k_a, q_hi, q_lo, c):
+    """int32 [BLOCK_N, 8]: the scores of an int8 K block k_a in units of q_hi's step x the level step, rounded:
+    (256 (K q_hi) + K q_lo + c) / 256, the lo dot's result divided by 256 (mul.hi: the FMA pipe) as the hi dot's
+    accumulator input."""
+    t = mma_v2(k_a, q_lo, c)
+    t = gl.inline_asm_elementwise("mul.hi.s32 $0, $1, 16777216;", "=r,r", [t], dtype=gl.int32, is_pure=True, pack=1)
+    return mma_v2(k_a, q_hi, t)
 
 
 @gluon.jit
@@ -825,7 +830,7 @@ def _store_partials(mid_o, mid_lse, o, m_i, l_acc, batch, kv_head, split, stride
 def _step(cur, n0, s1, cn, lut, lut3, q, m_i, l_acc, o, BLOCK_N: gl.constexpr, MMA: gl.constexpr,
           A_OP: gl.constexpr, B_OP: gl.constexpr, D256: gl.constexpr, V3: gl.constexpr, lut8=None, qb=None,
           qs=None, Q8: gl.constexpr = False, STEP4: gl.constexpr = 1.0, STEP3: gl.constexpr = 1.0,
-          LAZY: gl.constexpr = False):
+          LAZY: gl.constexpr = False, ql=None):
     """One tile (_load_tile's words `cur`, tokens n0..) into the running softmax and outputs o (one [64, 8]
     accumulator per block). Every operand is decoded before the softmax: one basic block for ptxas to interleave
     the V lookups with the scores' reductions."""
@@ -840,11 +845,14 @@ def _step(cur, n0, s1, cn, lut, lut3, q, m_i, l_acc, o, BLOCK_N: gl.constexpr, M
         if Q8:
             A8: gl.constexpr = gl.DotOperandLayout(0, MMA, 4)
             # the 3-bit blocks' step is applied with qs (the caller's qs * STEP3), block 0's ratio to it here
-            s = mma_v2(_k4q8_operand_a(cur[0], lut8, BLOCK_N, A8), q[0], qb[0]).to(gl.float32) \
+            s = _q8_scores(_k4q8_operand_a(cur[0], lut8, BLOCK_N, A8), q[0], ql[0], qb[0]).to(gl.float32) \
                 * (ks0 * (STEP4 / STEP3))[:, None]
-            s += mma_v2(_k3q8_operand_a(cur[1], cur[2], lut8, BLOCK_N, A8), q[1], qb[1]).to(gl.float32) * ks1[:, None]
-            s += mma_v2(_k3q8_operand_a(cur[3], cur[4], lut8, BLOCK_N, A8), q[2], qb[2]).to(gl.float32) * ks2[:, None]
-            s += mma_v2(_k3q8_operand_a(cur[5], cur[6], lut8, BLOCK_N, A8), q[3], qb[3]).to(gl.float32) * ks3[:, None]
+            s += _q8_scores(_k3q8_operand_a(cur[1], cur[2], lut8, BLOCK_N, A8), q[1], ql[1], qb[1]).to(gl.float32) \
+                * ks1[:, None]
+            s += _q8_scores(_k3q8_operand_a(cur[3], cur[4], lut8, BLOCK_N, A8), q[2], ql[2], qb[2]).to(gl.float32) \
+                * ks2[:, None]
+            s += _q8_scores(_k3q8_operand_a(cur[5], cur[6], lut8, BLOCK_N, A8), q[3], ql[3], qb[3]).to(gl.float32) \
+                * ks3[:, None]
             s = s * qs[None, :]
         else:
             s = mma_v2(_k_operand_a(cur[0], lut, BLOCK_N, A_OP), q[0], zero) * ks0[:, None]
@@ -890,8 +898,8 @@ def _step(cur, n0, s1, cn, lut, lut3, q, m_i, l_acc, o, BLOCK_N: gl.constexpr, M
         v_a0 = _v_block(cur, 2, 0, lut, lut3, BLOCK_N, A_OP, V3)
         v_a1 = _v_block(cur, 2, 1, lut, lut3, BLOCK_N, A_OP, V3)
         if Q8:
-            s = (mma_v2(k_a0, q[0], qb[0]).to(gl.float32) * ks0[:, None]
-                 + mma_v2(k_a1, q[1], qb[1]).to(gl.float32) * ks1[:, None]) * qs[None, :]
+            s = (_q8_scores(k_a0, q[0], ql[0], qb[0]).to(gl.float32) * ks0[:, None]
+                 + _q8_scores(k_a1, q[1], ql[1], qb[1]).to(gl.float32) * ks1[:, None]) * qs[None, :]
         else:
             s = mma_v2(k_a0, q[0], zero) * ks0[:, None] + mma_v2(k_a1, q[1], zero) * ks1[:, None]
         if LAZY:
@@ -965,15 +973,17 @@ def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, k
             amax = gl.maximum(amax, 1e-30)
             qs = amax * (qk_scale / 127.0)
             inv = 127.0 / amax
-            q0, qb0 = _q8_operand(y0, inv, BLOCK_N, MMA, B8)
-            q1, qb1 = _q8_operand(y1, inv, BLOCK_N, MMA, B8)
+            q0, ql0, qb0 = _q8_operand(y0, inv, BLOCK_N, MMA, B8)
+            q1, ql1, qb1 = _q8_operand(y1, inv, BLOCK_N, MMA, B8)
             if D256:
-                q2, qb2 = _q8_operand(y2, inv, BLOCK_N, MMA, B8)
-                q3, qb3 = _q8_operand(y3, inv, BLOCK_N, MMA, B8)
+                q2, ql2, qb2 = _q8_operand(y2, inv, BLOCK_N, MMA, B8)
+                q3, ql3, qb3 = _q8_operand(y3, inv, BLOCK_N, MMA, B8)
                 qb = (qb0, qb1, qb2, qb3)
+                ql = (ql0, ql1, ql2, ql3)
                 qs = qs * STEP3  # _step's scores: the 3-bit blocks' step (block 0's ratio to it applied there)
             else:
                 qb = (qb0, qb1)
+                ql = (ql0, ql1)
                 qs = qs * STEP4
             lut8 = _load_lut8(lut_ptr)
         else:
@@ -984,6 +994,7 @@ def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, k
                 q2 = _rotated_q(q_ptr, signs, q_row, q_mask, 128, qk_scale, h_a, B_OP, MMA)
                 q3 = _rotated_q(q_ptr, signs, q_row, q_mask, 192, qk_scale, h_a, B_OP, MMA)
             qb = None
+            ql = None
             qs = None
             lut8 = None
         lut = _load_lut(lut_ptr)
@@ -1029,7 +1040,7 @@ def _decode_stage1_mma(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, k
                               stride_kc_slot // 4, vc_stride, stride_ks_slot // 2, stride_vs_slot // 2, K_WORDS,
                               K3_WORDS, V_WORDS, D256, V3, WIDE)
             m_i, l_acc, o = _step(cur, n0, s1, cn, lut, lut3, q, m_i, l_acc, o, BLOCK_N, MMA, A_OP, B_OP, D256, V3,
-                                  lut8, qb, qs, Q8, STEP4, STEP3, LAZY)
+                                  lut8, qb, qs, Q8, STEP4, STEP3, LAZY, ql)
 
         _store_partials(mid_o, mid_lse, o, m_i, l_acc, batch, kv_head, split, stride_mo_b, stride_mo_h, stride_mo_s,
                         stride_ml_b, stride_ml_h, GROUP, HEADS)

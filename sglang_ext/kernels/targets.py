@@ -142,8 +142,9 @@ def _mma_variants():
         SPLIT_MUL=C(1), V3=C(v3), Q8=C(q8), STEP4=C(decode_mma.q8_table(4)[0]),
         STEP3=C(decode_mma.q8_table(3)[0]), LAZY=C(lazy)), {"num_warps": 1, BACKENDS: ("cuda",)})
         for v3 in (False, True) for d in (128, 256) for n in (16, 32) for layout in [f"d{d}{'v3' if v3 else ''}"]
-        # round 18's kernel; the default (lazy rescale where decode.MMA_LAZY has it); int8 scores at the default n
-        for q8, lazy in ((False, False), (False, True), (True, layout in decode.MMA_LAZY))
+        # bf16 scores, eager (round 18) and lazy where decode.MMA_LAZY has it; int8 scores at the default n, lazy
+        # where decode.MMA_LAZY_QK8 has it
+        for q8, lazy in ((False, False), (False, True), (True, layout in decode.MMA_LAZY_QK8))
         if (not lazy or layout in decode.MMA_LAZY) and (not q8 or n == decode.MMA_BLOCK_N[layout])] + [
         (f"decode_stage1_mma int8 d{d} n{n}", decode_mma._decode_stage1_mma_int8, dict(
             q_ptr="*bf16", k_codes="*i8", k_scales="*fp32", v_codes="*i8", v_scales="*fp32", kv_indptr="*i32",
