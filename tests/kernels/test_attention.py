@@ -44,7 +44,13 @@ def test_decode_matches_reference(name, head_dim, rotary_dim, h_kv, group, page_
     ref = reference.decode_attention(fmt, q, planes, kv_indptr, flat.to(device), head_dim ** -0.5)
     assert not torch.isnan(o).any(), "decode left output elements unwritten"
     assert not o[1].float().any(), "a request without KV must get zeros"
-    torch.testing.assert_close(o.float().cpu(), ref.cpu(), rtol=2e-2, atol=2e-2)  # o is bf16
+    # o is bf16. Octave on a GPU scores with bf16 q and levels at d256: on the H200 one element of 8192 reached
+    # 0.0242 (octave_k3v4, page 16, in the 5-token request, whose sharp softmax does not average a score error out)
+    atol = 3e-2 if device == "cuda" and fmt.rotated else 2e-2
+    torch.testing.assert_close(o.float().cpu(), ref.cpu(), rtol=2e-2, atol=atol)
+    rel = ((o.float() - ref).norm() / ref.norm()).item()
+    print(f"{name} d{head_dim} page {page_size}: relative error {rel:.2e}, largest {(o.float() - ref).abs().max():.2e}")
+    assert rel < 1e-2, f"{name}: relative error {rel:.2e} against the reference"
     o32 = torch.full(q.shape, float("nan"), dtype=torch.float32, device=device)
     decode_attention(fmt, q, planes, o32, kv_indptr, flat.to(device), head_dim ** -0.5, max_kv_splits=2,
                      page_size=page_size, dot_bf16=False)
