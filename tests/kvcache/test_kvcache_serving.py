@@ -173,33 +173,57 @@ WORDS = (
 ).split()
 
 
+# Top-1 predictions of the 8 prompts' copied tokens (every token after the first repeat and one word) that the
+# batch must get right, and continuations (first 3 words) allowed to go astray. Measured 2026-12-04, 3 batches
+# each: top-1 1543/1580 (0.9766) with bf16 KV and int8, 0.9753-0.9778 octave_k3v4 and octave_k3v3. Wrong
+# continuations: int8 0; octave_k3v4 1 in each of 8 batches (the 59-token prompt); octave_k3v3 1-3 of 8 over 11
+# batches, and 2 of 8 (other prompts) in the plain-torch model with every K/V quantized by the reference: with
+# ~3-4-bit K/V a single prediction can flip even where the prompt's own copies were all read back right.
+COPY_TOP1_MIN = 0.95
+WRONG_CONTINUATIONS_ALLOWED = {"int8": 0, "octave_k3v4": 2, "octave_k3v3": 3}
+
+
 def test_parallel_mixed_lengths(kv_server):
     # Each request repeats its own 6-word sequence r times and must continue it: copying needs attention to
     # read the right earlier tokens of its own sequence back from the pool while 7 others share the batch.
+    # A broken batch (requests reading each other's slots) garbles the copies: the teacher-forced top-1 over
+    # the prompts (chunks of 64, so most of each prompt is read back from the compressed pool) falls far below
+    # the ~0.977 of bf16 KV, and most continuations go wrong.
     rng = random.Random(0)
     cases = []
     for repeats in (2, 3, 5, 8, 13, 21, 34, 55):
         seq = rng.sample(WORDS, 6)
-        prompt = ", ".join(seq * repeats)
-        cases.append((prompt, ", ".join(seq[:3])))
+        ids = encode(", ".join(seq * repeats))  # encoded here: transformers' lazy imports are not thread-safe
+        copied_from = len(encode(", ".join(seq) + ", " + seq[0]))
+        cases.append((ids, copied_from, ", ".join(seq[:3])))
+
+    def run(case):
+        ids, _, _ = case
+        payload = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": 10, "temperature": 0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 1,
+        }
+        return post(kv_server, "/generate", payload)
+
     with ThreadPoolExecutor(len(cases)) as pool:
-        outs = list(
-            pool.map(
-                lambda c: kv_server.generate(text=c[0], max_new_tokens=10),
-                cases,
-            )
-        )
+        outs = list(pool.map(run, cases))
+    fmt = kv_server.kv_cache_dtype
+    hits = total = 0
+    for (ids, copied_from, _), out in zip(cases, outs, strict=True):
+        top = out["meta_info"]["input_top_logprobs"]
+        hits += sum(top[i][0][1] == ids[i] for i in range(copied_from, len(ids)))
+        total += len(ids) - copied_from
+    assert hits / total >= COPY_TOP1_MIN, f"{fmt}: top-1 on the copied prompt tokens {hits}/{total}"
     wrong = [
-        (len(encode(prompt)), expected, out["text"])
-        for (prompt, expected), out in zip(cases, outs, strict=True)
+        (len(ids), expected, out["text"])
+        for (ids, _, expected), out in zip(cases, outs, strict=True)
         if not out["text"].lstrip(", ").startswith(expected)
     ]
-    # A broken batch (requests reading each other's slots) garbles most of the 8. With ~4-bit K/V one copy
-    # can flip on its own: measured, octave_k3v4 continued the 59-token prompt correctly when it was prefilled
-    # alone in one full-precision chunk, and wrongly (the other 7 right) when the 8 ran together with their
-    # context read back from the compressed pool; the other formats got all 8 right.
-    allowed = 0 if kv_server.kv_cache_dtype == "int8" else 1
-    assert len(wrong) <= allowed, f"{kv_server.kv_cache_dtype}: (prompt tokens, expected start, got) {wrong}"
+    allowed = WRONG_CONTINUATIONS_ALLOWED[fmt]
+    assert len(wrong) <= allowed, f"{fmt}: (prompt tokens, expected start, got) {wrong}"
 
 
 def test_launch_server_help_lists_the_formats():
