@@ -16,6 +16,7 @@ cut from length-sorted windows, see batch_order) and keeps the state with the be
 split of the corpus (early stopping against memorising a small corpus).
 """
 
+import copy
 import json
 import math
 import random
@@ -65,10 +66,12 @@ class DraftTrainConfig:
     # updates, held-out 1.766 chain / 1.874 tree on 80 prompts; 0.6 206k and 4,023, 1.754 / 1.868), though on one
     # saved corpus half the text cost 0.09-0.10 and a third less training time only 0.01.
     corpus_share: float = 0.45
-    # Training stops this many seconds before the budget's end, kept for the acceptance measurement (chain and
-    # tree) and the checkpoint writer: 11-29 s in every 20- to 60-minute run on the 2-core hosts (2026-12-01 to
-    # 12-03). Until 2026-12-03 training stopped at 93 % of the budget, which left 55 s of a 20-minute one unused.
-    final_seconds: float = 40.0
+    # Training stops this many seconds before the budget's end, kept for the temperature fit, the acceptance
+    # measurement (chain and tree) and the checkpoint writer: the last three took 11-29 s in every 20- to 60-minute
+    # run on the 2-core hosts (2026-12-01 to 12-03); the fit's three tree measurements on 16 sequences about 20 s
+    # in bf16 (AVX512-BF16 EPYC; about 30 in float32). Until 2026-12-03 training stopped at 93 % of the budget,
+    # which left 55 s of a 20-minute one unused; 40 s until the fit (2026-12-04).
+    final_seconds: float = 70.0
     batch_sequences: int = 4  # small batches, more updates: measured better than 8 and 16 in the same time
     # Share of a batch's start positions (after its shortest prompt) whose draft chains carry an update's loss,
     # drawn afresh each update; every position still gives its keys and values (unrolled_losses' rows). 1.0: all.
@@ -104,6 +107,15 @@ class DraftTrainConfig:
     # The trained layer's acceptance is also measured with tree drafts of the same draft_steps verified tokens
     # (`--speculative-eagle-topk tree_topk --speculative-num-draft-tokens draft_steps + 1`); 0: chain only.
     tree_topk: int = 4
+    # The draft's softmax temperature for tree drafting, fitted after training: the candidate whose tree accept
+    # length (expected per verified position, config.tree_topk) is highest on `temperature_sequences` greedy corpus
+    # sequences kept out of training and validation is baked into the checkpoint as final_layernorm.weight / T.
+    # That scales the draft logits by 1 / T and leaves chain drafts as they were (argmax; the next draft step reads
+    # the output through hidden_layernorm, an RMSNorm). The layer is trained on soft targets but verified by
+    # argmax: on 80 held-out prompts (2026-12-04, one checkpoint) T 0.7 / 0.9 / 1.0 / 1.1 / 1.4 gave tree accept
+    # 1.998 / 2.022 / 2.006 / 1.987 / 1.905. () or tree_topk <= 1: no fit (T = 1).
+    tree_temperatures: tuple[float, ...] = (0.8, 0.9, 1.0)
+    temperature_sequences: int = 16  # at most a quarter of the first greedy corpus batch
     validation_share: float = 0.08  # corpus sequences kept out of training to pick the best state
     validations: int = 8  # evaluations over the training time; the state with the best chain match is kept
     # Exponential moving average of the weights (torch.optim.swa_utils), evaluated and kept instead of the
@@ -142,6 +154,10 @@ class DraftTrainConfig:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0 <= self.validation_share < 1:
             raise ValueError("validation_share must be in [0, 1)")
+        if any(not t > 0 for t in self.tree_temperatures):
+            raise ValueError(f"tree_temperatures must be positive, got {self.tree_temperatures}")
+        if self.temperature_sequences < 0:
+            raise ValueError(f"temperature_sequences must be >= 0, got {self.temperature_sequences}")
         for name in ("corpus_dtype", "train_dtype"):
             if getattr(self, name) not in ("auto", "float32", "bfloat16"):
                 raise ValueError(f"{name} must be auto, float32 or bfloat16, got {getattr(self, name)!r}")
@@ -175,6 +191,8 @@ class DraftTrainResult:
     start: dict | None  # ... of the linear start (None: not used)
     after: dict
     after_tree: dict | None = None  # ... of the trained layer with tree drafts (config.tree_topk)
+    # fit_temperature: {"sequences": n, "positions": n, "tree_accept": {T: accept length}, "chosen": T}, or None
+    temperature: dict | None = None
     seconds: dict = field(default_factory=dict)
 
 
@@ -211,6 +229,8 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
         f"{str(corpus_dtype).removeprefix('torch.')}")
     pool = train_prompts(tokenizer, config.seed)
     corpus: list[Sequence] = []
+    calibration: list[Sequence] = []  # greedy, kept out of training and validation: fit_temperature's text
+    fit_t = config.tree_topk > 1 and len(config.tree_temperatures) > 1 and config.temperature_sequences > 0
     batch_index, last_batch = 0, 0.0
     phase_end = config.corpus_share * budget
     while batch_index == 0 or elapsed() < phase_end:
@@ -227,7 +247,11 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
         stop = start + config.corpus_share * budget if batch_index else None
         generated = generate(model, tokenizer, chunk, config.new_tokens, temperature, seed=config.seed + batch_index,
                              deadline=stop)
-        corpus += [s for s in generated if s is not None]
+        generated = [s for s in generated if s is not None]
+        if fit_t and temperature == 0.0 and not calibration:
+            calibration = generated[:min(config.temperature_sequences, len(generated) // 4)]
+            generated = generated[len(calibration):]
+        corpus += generated
         batch_index += 1
         last_batch = time.monotonic() - batch_start
         tokens = sum(len(s.tokens) for s in corpus)
@@ -263,6 +287,16 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
     seconds["train"] = elapsed()
     losses, step = fit.losses, fit.steps
 
+    temperature = None
+    if calibration:
+        temperature = fit_temperature(mtp, embed, lm_head, calibration, config)
+        with torch.no_grad():
+            mtp.final_layernorm.weight.div_(temperature["chosen"])
+        log(f"[train-draft] draft temperature for tree drafts: {temperature['chosen']:g} (tree accept length per "
+            f"position on {len(calibration)} greedy sequences kept out of training: "
+            + ", ".join(f"T {t:g} {a:.4f}" for t, a in temperature["tree_accept"].items()) + f"; {elapsed():.0f} s)")
+        seconds["temperature"] = elapsed()
+
     write_mtp_checkpoint(base_dir, out_dir, {k: v.detach() for k, v in mtp.state_dict().items()})
     stored = MtpLayer(model_config)  # measured as written: the checkpoint stores the base dtype
     stored.load_state_dict(load_mtp_weights(out_dir))
@@ -289,10 +323,33 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
         start=asdict(start_acceptance) if start_acceptance is not None else None,
         after=asdict(after),
         after_tree=asdict(after_tree) if after_tree is not None else None,
+        temperature=temperature,
         seconds={k: round(v, 1) for k, v in seconds.items()},
     )
     (out_dir / "draft-training.json").write_text(json.dumps({"config": asdict(config), "result": asdict(result)}, indent=2))
     return result
+
+
+@torch.no_grad()
+def fit_temperature(mtp: MtpLayer, embed, lm_head, sequences: list[Sequence], config) -> dict:
+    """The draft temperature among config.tree_temperatures with the highest tree accept length on `sequences`
+    (greedy continuations), per verified position (1 + the per-depth match rates: every position counts, where
+    the decode walk would count about half of them). `mtp` is measured with its weights rounded to bfloat16, as
+    the checkpoint stores them, and left unchanged; the logits are products in the training dtype. Ties go to the temperature
+    nearest 1."""
+    rounded = copy.deepcopy(mtp)
+    rounded.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in mtp.state_dict().items()})
+    rounded.eval()
+    weight = rounded.final_layernorm.weight.detach().clone()
+    head = lm_head.to(config.resolved_train_dtype())  # bf16 where native: 2.6x the rate of the float32 product
+    scores, positions = {}, 0
+    for t in config.tree_temperatures:
+        rounded.final_layernorm.weight.copy_((weight / t).to(torch.bfloat16).float())
+        a = measure(rounded, embed, head, sequences, config.draft_steps, config.tree_topk)
+        scores[float(t)] = round(1 + sum(a.per_step_match), 5)
+        positions = a.positions
+    chosen = max(sorted(scores, key=lambda t: abs(math.log(t))), key=scores.get)
+    return {"sequences": len(sequences), "positions": positions, "tree_accept": scores, "chosen": chosen}
 
 
 def corpus_batch(batch_index: int, pool_size: int, config: DraftTrainConfig) -> tuple[list[int], float]:

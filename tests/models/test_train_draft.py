@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from tiny_llama import TINY_CONFIG, write_tiny_llama
 
 from sglang_ext.models.__main__ import main
+from sglang_ext.models import train_draft as train_draft_module
+from sglang_ext.models.draft_acceptance import Acceptance, measure
 from sglang_ext.models.draft_corpus import (
     HELDOUT_TOPICS,
     MORE_TRAIN_TOPICS,
@@ -27,6 +29,7 @@ from sglang_ext.models.train_draft import (
     another_corpus_batch,
     batch_order,
     corpus_batch,
+    fit_temperature,
     linear_start,
     load_base,
     loss_rows,
@@ -37,7 +40,7 @@ from sglang_ext.models.train_draft import (
 def test_tiny_training_run_lowers_the_loss_and_writes_a_measured_checkpoint(model_dir, tmp_path):
     torch.set_num_threads(2)
     config = DraftTrainConfig(minutes=30, heldout_prompts=2, new_tokens=16,
-                              corpus_batch_prompts=6, max_corpus_batches=1, max_train_steps=16, batch_sequences=4,
+                              corpus_batch_prompts=7, max_corpus_batches=1, max_train_steps=16, batch_sequences=4,
                               lr=1e-3, warmup_steps=2, validation_share=0.2, validations=4, single_step_share=0.5,
                               linear_start_ridge=0.0)  # from the last layer: a fitted start has little loss to lose
     lines = []
@@ -60,6 +63,11 @@ def test_tiny_training_run_lowers_the_loss_and_writes_a_measured_checkpoint(mode
     assert saved["result"]["after"] == after
     assert json.loads((tmp_path / "mtp" / "config.json").read_text())["architectures"] == ["MiMoForCausalLM"]
     assert result.start is None
+    # one greedy sequence of the 7 (a quarter, rounded down) fitted the tree drafts' temperature, out of the corpus
+    fit = saved["result"]["temperature"]
+    assert fit["sequences"] == 1 and result.corpus_sequences <= 6
+    assert [float(t) for t in fit["tree_accept"]] == list(config.tree_temperatures)
+    assert fit["chosen"] in config.tree_temperatures and any("draft temperature" in line for line in lines)
     shutil.rmtree(tmp_path / "mtp")  # 270 MB; pytest keeps the last runs' tmp folders
 
 
@@ -306,3 +314,60 @@ def test_linear_start_fits_the_normalised_target_from_the_layers_own_inputs(tmp_
 def test_a_corpus_batch_starts_only_with_time_for_more_than_its_prefill():
     assert another_corpus_batch(left=30.0, last_batch=60.0)
     assert not another_corpus_batch(left=10.0, last_batch=60.0)  # the prefill alone would take it
+
+
+def _tiny_layer_and_text(tmp_path, count=6, length=20):
+    g = torch.Generator().manual_seed(1)
+    hidden_size, vocab = TINY_CONFIG["hidden_size"], 48
+    mtp = MtpLayer(TINY_CONFIG)
+    mtp.load_state_dict(fixed_seed_mtp_weights(write_tiny_llama(tmp_path / "base"), seed=3))
+    embed, lm_head = torch.randn(vocab, hidden_size, generator=g), torch.randn(vocab, hidden_size, generator=g)
+    sequences = []
+    for _ in range(count):
+        tokens = torch.randint(0, vocab, (length,), generator=g)
+        sequences.append(Sequence(tokens, torch.randn(length, hidden_size, generator=g), tokens.roll(-1), 2))
+    return mtp.eval(), embed, lm_head, sequences
+
+
+def test_a_temperature_in_the_final_norm_scales_the_logits_and_keeps_chain_drafts(tmp_path):
+    """What fit_temperature bakes into the checkpoint: final_layernorm.weight / T divides the draft logits by T
+    and leaves greedy chain drafting as it was (the next step reads the output through an RMSNorm)."""
+    mtp, embed, lm_head, sequences = _tiny_layer_and_text(tmp_path)
+    hotter = MtpLayer(TINY_CONFIG)
+    hotter.load_state_dict(mtp.state_dict())
+    with torch.no_grad():
+        hotter.final_layernorm.weight.div_(0.8)
+    s = sequences[0]
+    args = (s.hidden[None, :-1], embed[s.tokens[1:]][None], torch.arange(len(s.tokens) - 1)[None])
+    with torch.no_grad():
+        torch.testing.assert_close(hotter(*args)[0], mtp(*args)[0] / 0.8)
+    chain, chain_hot = measure(mtp, embed, lm_head, sequences), measure(hotter.eval(), embed, lm_head, sequences)
+    assert chain == chain_hot
+
+
+def test_fit_temperature_keeps_the_best_tree_accept_and_leaves_the_layer(tmp_path, monkeypatch):
+    mtp, embed, lm_head, sequences = _tiny_layer_and_text(tmp_path)
+    before = {k: v.clone() for k, v in mtp.state_dict().items()}
+    weight = mtp.final_layernorm.weight.detach().to(torch.bfloat16).float()
+    matches = {0.8: [0.5, 0.3, 0.1], 0.9: [0.5, 0.3, 0.15], 1.0: [0.5, 0.3, 0.1], 1.25: [0.5, 0.3, 0.1]}
+    measured = []
+
+    def fake_measure(layer, embed_, head, seqs, steps, topk):  # the temperature read back from the layer's weight
+        t = round((weight / layer.final_layernorm.weight).mean().item(), 2)
+        measured.append((t, steps, topk, len(seqs), head.dtype))
+        return Acceptance(mean_accept_length=0.0, rounds=1, per_step_match=matches[t], positions=11)
+
+    monkeypatch.setattr(train_draft_module, "measure", fake_measure)
+    config = DraftTrainConfig(tree_temperatures=(0.8, 0.9, 1.0), train_dtype="float32")
+    fit = fit_temperature(mtp, embed, lm_head, sequences, config)
+    assert fit == {"sequences": 6, "positions": 11, "tree_accept": {0.8: 1.9, 0.9: 1.95, 1.0: 1.9}, "chosen": 0.9}
+    assert measured == [(t, 3, config.tree_topk, 6, torch.float32) for t in (0.8, 0.9, 1.0)]
+    # a tie goes to the temperature nearest 1
+    tie = fit_temperature(mtp, embed, lm_head, sequences, DraftTrainConfig(tree_temperatures=(0.8, 1.25, 1.0)))
+    assert tie["chosen"] == 1.0
+    assert all(torch.equal(v, before[k]) for k, v in mtp.state_dict().items())
+    # and on real drafts (tree topk 4 over the tiny layer): every candidate measured, the layer untouched
+    monkeypatch.undo()
+    real = fit_temperature(mtp, embed, lm_head, sequences, config)
+    assert set(real["tree_accept"]) == {0.8, 0.9, 1.0} and real["positions"] > 0
+    assert all(torch.equal(v, before[k]) for k, v in mtp.state_dict().items())
