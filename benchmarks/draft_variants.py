@@ -147,7 +147,10 @@ def heldout(args):
         mtp.load_state_dict(load_mtp_weights(path))
         row = {"checkpoint": path, "steps": args.steps, "topk": args.topk,
                "draft_tokens": args.draft_tokens or args.steps + 1}
-        for name, part in (("first16", held[:16]), ("rest", held[16:]), ("all", held)):
+        parts = [("first16", held[:16]), ("rest", held[16:]), ("all", held)]
+        if args.split:  # e.g. 80: the 80 prompts of earlier comparisons and the ones after them
+            parts += [(f"first{args.split}", held[:args.split]), (f"after{args.split}", held[args.split:])]
+        for name, part in parts:
             r = measure(mtp.eval(), embed, lm_head, [s for s in part if s is not None], args.steps, args.topk,
                         args.draft_tokens)
             row[name] = {"accept": round(r.mean_accept_length, 4), "rounds": r.rounds,
@@ -178,6 +181,7 @@ def main():
     h.add_argument("--prompts", type=int, default=80)
     h.add_argument("--cache", default="", help="file for the held-out continuations (made once, then reused)")
     h.add_argument("--threads", type=int, default=2)
+    h.add_argument("--split", type=int, default=0, help="also measure the first N prompts and the rest apart")
     h.add_argument("--steps", type=int, default=3, help="--speculative-num-steps")
     h.add_argument("--topk", type=int, default=1, help="--speculative-eagle-topk (> 1: tree drafts)")
     h.add_argument("--draft-tokens", type=int, default=0,

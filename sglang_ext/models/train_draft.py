@@ -4,7 +4,8 @@ Time-budgeted phases: the fixed held-out prompts continued greedily in float32 (
 measured against), a training corpus of greedy and sampled continuations generated in batches (until
 `corpus_share` of the budget; in bfloat16 where the CPU computes it natively: measured 2.3x the tokens per
 second of float32 on the development machine's AMX cores; once every prompt is used, the pool is walked
-again with sampling and new seeds), training (until `final_seconds` before the budget's end), then the
+again with sampling and new seeds), training (until `final_seconds` before the budget's end), the draft's
+temperature for tree drafts (fit_temperature, on greedy corpus sequences kept out of training), then the
 checkpoint and the acceptance measured on it. The MTP layer starts from
 `fixed_seed_mtp_weights` (the base model's last layer) with its input projection fitted in closed form to the
 corpus and its two branches zeroed (`linear_start`: a linear draft step 1, accept length about 1.4 before any
