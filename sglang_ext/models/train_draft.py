@@ -114,7 +114,8 @@ class DraftTrainConfig:
     # That scales the draft logits by 1 / T and leaves chain drafts as they were (argmax; the next draft step reads
     # the output through hidden_layernorm, an RMSNorm). The layer is trained on soft targets but verified by
     # argmax: on 80 held-out prompts (2026-12-04, one checkpoint) T 0.7 / 0.9 / 1.0 / 1.1 / 1.4 gave tree accept
-    # 1.998 / 2.022 / 2.006 / 1.987 / 1.905. () or tree_topk <= 1: no fit (T = 1).
+    # 1.998 / 2.022 / 2.006 / 1.987 / 1.905. One candidate: that T (measured); (), tree_topk <= 1 or
+    # temperature_sequences 0: no fit (T = 1).
     tree_temperatures: tuple[float, ...] = (0.8, 0.9, 1.0)
     temperature_sequences: int = 16  # at most a quarter of the first greedy corpus batch
     validation_share: float = 0.08  # corpus sequences kept out of training to pick the best state
@@ -231,7 +232,7 @@ def train_draft(config: DraftTrainConfig, base_dir=None, out_dir=None, log=print
     pool = train_prompts(tokenizer, config.seed)
     corpus: list[Sequence] = []
     calibration: list[Sequence] = []  # greedy, kept out of training and validation: fit_temperature's text
-    fit_t = config.tree_topk > 1 and len(config.tree_temperatures) > 1 and config.temperature_sequences > 0
+    fit_t = config.tree_topk > 1 and bool(config.tree_temperatures) and config.temperature_sequences > 0
     batch_index, last_batch = 0, 0.0
     phase_end = config.corpus_share * budget
     while batch_index == 0 or elapsed() < phase_end:
