@@ -257,26 +257,42 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
         """[n, H] -> [n, vocab] as head @ h^T in blocks of 1,024 vocabulary rows, each block's [1024, n] written
         transposed into the output: at n = 128 about 80 ms against 160 for F.linear, whose h @ head^T MKL runs
         at half the rate (2-core AMD EPYC, AVX2, float32); one product of the whole head is as fast but leaves
-        [vocab, n], whose transposition or row-wise argmax costs 30-75 ms more."""
+        [vocab, n], whose transposition or row-wise argmax costs 30-75 ms more. In bf16 F.linear is the faster
+        (24 against 33 ms at n = 128, argmax included; 2-core AVX512-BF16 EPYC)."""
+        if h.dtype == torch.bfloat16:
+            return F.linear(h, head)
         out = h.new_empty(h.shape[0], head.shape[0])
         for i in range(0, head.shape[0], 1024):
             out[:, i:i + 1024] = (head[i:i + 1024] @ h.T).T
         return out
 
-    def attention_block(li, x, position_ids, write, attend):
-        """Decoder layer li over x [b, t, H]: K/V stored by write(k, v), attention by attend(q)."""
+    def top_of(logits):
+        """Row-wise argmax, once per step (the token and the greedy record), in float32: bf16's argmax ran at a
+        third of the rate (12 against 4 ms at [128, 49152], conversion included)."""
+        return logits.float().argmax(-1)
+
+    # q/k/v and gate/up as one product each
+    if any(proj.bias is not None for l in layers for proj in (l.self_attn.q_proj, l.self_attn.k_proj,
+                                                             l.self_attn.v_proj, l.mlp.gate_proj, l.mlp.up_proj)):
+        raise ValueError("decode_batch takes Llama layers without q/k/v or gate/up biases")
+    qkv_weights = [torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight])
+                   for l in layers]
+    qkv_split = (cfg.num_attention_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim)
+    gate_up_weights = [torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight]) for l in layers]
+
+    def attention_block(li, x, rotary, write, attend):
+        """Decoder layer li over x [b, t, H]: K/V stored by write(k, v), attention by attend(q); rotary: the
+        (cos, sin) of x's positions, computed once for all layers."""
         layer = layers[li]
-        attn = layer.self_attn
         h = layer.input_layernorm(x)
         b, t = x.shape[:2]
-        q = attn.q_proj(h).view(b, t, -1, head_dim).transpose(1, 2)
-        k = attn.k_proj(h).view(b, t, -1, head_dim).transpose(1, 2)
-        v = attn.v_proj(h).view(b, t, -1, head_dim).transpose(1, 2)
-        cos, sin = inner.rotary_emb(x, position_ids)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        q, k, v = (part.view(b, t, -1, head_dim).transpose(1, 2)
+                   for part in F.linear(h, qkv_weights[li]).split(qkv_split, dim=-1))
+        q, k = apply_rotary_pos_emb(q, k, *rotary)
         write(k, v)
-        x = x + attn.o_proj(attend(q).transpose(1, 2).reshape(b, t, -1))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        x = x + layer.self_attn.o_proj(attend(q).transpose(1, 2).reshape(b, t, -1))
+        gate, up = F.linear(layer.post_attention_layernorm(x), gate_up_weights[li]).chunk(2, dim=-1)
+        return x + layer.mlp.down_proj(F.silu(gate) * up)
 
     # Prefill, packed: the prompts' tokens are one [1, N] row for every position-wise product (no padding
     # computed); attention runs on the padded [B, width] layout the cache already has.
@@ -289,6 +305,7 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
     allowed |= (r[None, :, None] < first[:, None, None])  # padding rows: anything (their output is dropped)
     prefill_mask = torch.zeros(batch, 1, width, width, dtype=dtype).masked_fill_(~allowed[:, None], float("-inf"))
     x = inner.embed_tokens(torch.tensor([t for p in prompt_ids for t in p]))[None]
+    rotary = inner.rotary_emb(x, positions)
     for li in range(len(layers)):
         def write(k, v, li=li):
             keys[li, owner, :, row] = k[0].transpose(0, 1)
@@ -300,12 +317,13 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
             o = F.scaled_dot_product_attention(padded.transpose(1, 2), keys[li, :, :, :width],
                                                values[li, :, :, :width], attn_mask=prefill_mask, enable_gqa=True)
             return o.transpose(1, 2)[owner, row].transpose(0, 1)[None]
-        x = attention_block(li, x, positions, write, attend)
+        x = attention_block(li, x, rotary, write, attend)
     h = inner.norm(x)[0]
     hidden[owner, row] = h.float()
     # greedy tokens of every prompt position, 1,024 positions at a time (all at once: about 1 GB of logits)
-    greedy[owner, row] = torch.cat([logits_of(part).argmax(-1) for part in h.split(1024)])
+    greedy[owner, row] = torch.cat([top_of(logits_of(part)) for part in h.split(1024)])
     logits = logits_of(h[torch.cumsum(lengths, 0) - 1])  # each prompt's last position
+    top = top_of(logits)
 
     finished = torch.zeros(batch, dtype=torch.bool)
     slot = torch.arange(capacity)
@@ -313,7 +331,7 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
     scale = head_dim ** -0.5
     alive = torch.arange(batch)  # the rows still decoded (the others have made eos_token_id)
     for step in range(steps):
-        token = logits.argmax(-1) if sampler is None else sampler.pick(logits)
+        token = top if sampler is None else sampler.pick(logits)
         new_tokens[alive, step] = token
         fed_end = finished.clone()  # rows whose end token has been fed: its hidden state is recorded
         if eos_token_id is not None:
@@ -324,26 +342,31 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
             keep = ~fed_end
             alive, token, lengths, pad_mask, logits, finished = (
                 t[keep] for t in (alive, token, lengths, pad_mask, logits, finished))
+            top = top[keep]
             keys, values = keys[:, keep], values[:, keep]
         rows = len(alive)
         pos = width + step  # the cache slot of the token fed now
         x = inner.embed_tokens(token)[:, None]
-        position_ids = (lengths + step)[:, None]
-        mask = pad_mask[:, None, None, :pos + 1].to(dtype)  # [rows, 1, 1, T]
+        rotary = inner.rotary_emb(x, (lengths + step)[:, None])
+        # attention runs over the whole cache, the slots after pos masked: a slice [:pos + 1] of it is not
+        # contiguous, and the bf16 matmul copied it (K and V of every layer at every step, about half of a step
+        # at 200 slots, 2-core AVX512-BF16 EPYC)
+        mask = pad_mask.masked_fill(slot > pos, float("-inf"))[:, None, None].to(dtype)  # [rows, 1, 1, capacity]
         for li in range(len(layers)):
             def write(k, v, li=li, pos=pos):
                 keys[li, :, :, pos] = k[:, :, 0]
                 values[li, :, :, pos] = v[:, :, 0]
 
-            def attend(q, li=li, pos=pos, mask=mask, rows=rows):  # q [rows, kv_heads x group, 1, d] -> the same
+            def attend(q, li=li, mask=mask, rows=rows):  # q [rows, kv_heads x group, 1, d] -> the same
                 qg = q.view(rows, kv_heads, group, head_dim)
-                scores = torch.matmul(qg, keys[li, :, :, :pos + 1].transpose(-1, -2)) * scale + mask
+                scores = torch.matmul(qg, keys[li].transpose(-1, -2)) * scale + mask
                 probs = scores.float().softmax(-1).to(dtype)
-                return torch.matmul(probs, values[li, :, :, :pos + 1]).view(rows, -1, 1, head_dim)
-            x = attention_block(li, x, position_ids, write, attend)
+                return torch.matmul(probs, values[li]).view(rows, -1, 1, head_dim)
+            x = attention_block(li, x, rotary, write, attend)
         h = inner.norm(x)[:, 0]
         hidden[alive, pos] = h.float()
         logits = logits_of(h)
-        greedy[alive, pos] = logits.argmax(-1)
+        top = top_of(logits)
+        greedy[alive, pos] = top
     made = step + 1
     return new_tokens[:, :made], hidden[:, :width + made - 1], greedy[:, :width + made - 1]
