@@ -128,6 +128,15 @@ def test_decode_batch_continues_as_transformers_generate(model_dir):
     assert torch.equal(new, out[:, width:width + 1])
 
 
+def test_decode_batch_refuses_projection_biases(model_dir):
+    """q/k/v and gate/up run as one product each over concatenated weights: a bias would be dropped silently."""
+    model, tokenizer = load_base(Path(model_dir))
+    proj = model.model.layers[3].self_attn.k_proj
+    proj.bias = torch.nn.Parameter(torch.zeros(proj.out_features))
+    with pytest.raises(ValueError, match="biases"):
+        decode_batch(model, [tokenizer("The moon is")["input_ids"]], 2)
+
+
 def test_finished_rows_leave_the_batch_unchanged(model_dir, monkeypatch):
     """Rows that made the end token leave the batch; the others decode on as before, and every row is the same
     up to its end token."""
