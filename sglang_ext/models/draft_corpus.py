@@ -271,10 +271,12 @@ def decode_batch(model, prompt_ids: list[list[int]], steps: int, sampler=None, e
         third of the rate (12 against 4 ms at [128, 49152], conversion included)."""
         return logits.float().argmax(-1)
 
-    # q/k/v and gate/up as one product each
+    # q/k/v and gate/up as one product each, the MLP's activation SiLU
     if any(proj.bias is not None for l in layers for proj in (l.self_attn.q_proj, l.self_attn.k_proj,
                                                              l.self_attn.v_proj, l.mlp.gate_proj, l.mlp.up_proj)):
         raise ValueError("decode_batch takes Llama layers without q/k/v or gate/up biases")
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        raise ValueError(f"decode_batch takes Llama layers with a SiLU MLP, not {cfg.hidden_act!r}")
     qkv_weights = [torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight])
                    for l in layers]
     qkv_split = (cfg.num_attention_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim)

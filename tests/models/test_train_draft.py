@@ -129,11 +129,16 @@ def test_decode_batch_continues_as_transformers_generate(model_dir):
 
 
 def test_decode_batch_refuses_projection_biases(model_dir):
-    """q/k/v and gate/up run as one product each over concatenated weights: a bias would be dropped silently."""
+    """q/k/v and gate/up run as one product each over concatenated weights and the MLP as SiLU: a bias or another
+    activation would be dropped silently."""
     model, tokenizer = load_base(Path(model_dir))
     proj = model.model.layers[3].self_attn.k_proj
     proj.bias = torch.nn.Parameter(torch.zeros(proj.out_features))
     with pytest.raises(ValueError, match="biases"):
+        decode_batch(model, [tokenizer("The moon is")["input_ids"]], 2)
+    proj.bias = None
+    model.config.hidden_act = "gelu"
+    with pytest.raises(ValueError, match="SiLU"):
         decode_batch(model, [tokenizer("The moon is")["input_ids"]], 2)
 
 
