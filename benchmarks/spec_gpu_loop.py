@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import shutil
 import statistics
@@ -207,45 +208,47 @@ def run(args) -> int:
               "mtp_training": meta.get("mtp_training"), "rows": []}
     import triton
     result["triton"] = triton.__version__
-    for prefix in args.prefix_tokens:
-        for fmt in args.formats:
-            for batch in args.batches:
-                longest = max(len(p) for p in prompts) + prefix
-                loop = NativeNextn(target, draft, fmt, batch=batch, max_ctx=longest + capacity + 2 * (steps + 1),
-                                   steps=steps, capacity=capacity)
-                t_capture, _ = _timed(lambda: (loop.capture(spec=False), loop.capture(spec=True)))
-                plain_s = spec_s = 0.0
-                plain_n = spec_n = 0
-                same, accept, rounds_total = 0, [], 0
-                groups = [prompts[i:i + batch] for i in range(0, len(prompts) - batch + 1, batch)]
-                for g in groups:
-                    g = [filler[:prefix] + p for p in g]
-                    loop.prefill(g)
-                    t_plain, _ = _timed(lambda: loop.decode(new, spec=False, check_every=check * (steps + 1)))
-                    plain_s += t_plain
-                    plain_n += int((loop.out_len - 1).sum())
-                    plain = loop.results(new)
-                    loop.prefill(g)
-                    t_spec, _ = _timed(lambda: loop.decode(new, spec=True, check_every=check))
-                    spec_s += t_spec
-                    spec_n += int((loop.out_len - 1).sum())
-                    spec = loop.results(new)
-                    same += sum(a == b for a, b in zip(plain["tokens"], spec["tokens"]))
-                    for rounds in spec["accept"]:
-                        accept += rounds
-                loop.prefill([filler[:prefix] + p for p in groups[0]])
-                stage_us = _stage_times(loop, ("decode", "draft", "verify", "extend"))
-                row = {"format": fmt, "batch": batch, "prefix_tokens": prefix, "requests": len(groups) * batch,
-                       "plain_tokens_per_s": round(plain_n / plain_s, 1),
-                       "spec_tokens_per_s": round(spec_n / spec_s, 1),
-                       "speedup": round((spec_n / spec_s) / (plain_n / plain_s), 3),
-                       "accept_length": round(sum(accept) / len(accept), 3), "rounds": len(accept),
-                       "same_tokens_as_plain": f"{same}/{len(groups) * batch}", "stage_us": stage_us,
-                       "capture_s": round(t_capture, 1)}
-                result["rows"].append(row)
-                print(json.dumps(row), flush=True)
-                Path(args.out).mkdir(parents=True, exist_ok=True)
-                (Path(args.out) / "spec_gpu_loop.json").write_text(json.dumps(result, indent=1))
+    for prefix, fmt, batch, topk in itertools.product(args.prefix_tokens, args.formats, args.batches, args.topk):
+        longest = max(len(p) for p in prompts) + prefix
+        loop = NativeNextn(target, draft, fmt, batch=batch, max_ctx=longest + capacity + 2 * (steps + 1),
+                           steps=steps, capacity=capacity, topk=topk)
+        t_capture, _ = _timed(lambda: (loop.capture(spec=False), loop.capture(spec=True)))
+        plain_s = spec_s = 0.0
+        plain_n = spec_n = 0
+        same, accept = 0, []
+        groups = [prompts[i:i + batch] for i in range(0, len(prompts) - batch + 1, batch)]
+        for g in groups:
+            g = [filler[:prefix] + p for p in g]
+            loop.prefill(g)
+            t_plain, _ = _timed(lambda: loop.decode(new, spec=False, check_every=check * (steps + 1)))
+            plain_s += t_plain
+            plain_n += int((loop.out_len - 1).sum())
+            plain = loop.results(new)
+            loop.prefill(g)
+            t_spec, _ = _timed(lambda: loop.decode(new, spec=True, check_every=check))
+            spec_s += t_spec
+            spec_n += int((loop.out_len - 1).sum())
+            spec = loop.results(new)
+            same += sum(a == b for a, b in zip(plain["tokens"], spec["tokens"]))
+            for rounds in spec["accept"]:
+                accept += rounds
+        loop.prefill([filler[:prefix] + p for p in groups[0]])
+        stage_us = _stage_times(loop, ("decode", "draft", "verify", "extend"))
+        row = {"format": fmt, "batch": batch, "topk": topk, "prefix_tokens": prefix,
+               "requests": len(groups) * batch,
+               "plain_tokens_per_s": round(plain_n / plain_s, 1),
+               "spec_tokens_per_s": round(spec_n / spec_s, 1),
+               "speedup": round((spec_n / spec_s) / (plain_n / plain_s), 3),
+               "accept_length": round(sum(accept) / len(accept), 3), "rounds": len(accept),
+               "same_tokens_as_plain": f"{same}/{len(groups) * batch}", "stage_us": stage_us,
+               "capture_s": round(t_capture, 1)}
+        if stage_us:  # what the step-time model of earlier runs would say from this run's own stages
+            round_us = stage_us["draft"] + stage_us["verify"] + stage_us["extend"]
+            row["stage_model_speedup"] = round(row["accept_length"] * stage_us["decode"] / round_us, 3)
+        result["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "spec_gpu_loop.json").write_text(json.dumps(result, indent=1))
     return 0
 
 
@@ -254,7 +257,13 @@ def agree(args) -> int:
     float32 on this machine, the kernels under the Triton interpreter (about 5 minutes for 40 tokens)."""
     from safetensors.torch import load_file
 
-    from sglang_ext.models.draft_acceptance import accept_length, chain_drafts, decode_walk
+    from sglang_ext.models.draft_acceptance import (
+        accept_length,
+        chain_drafts,
+        decode_walk,
+        tree_accept_length,
+        tree_drafts,
+    )
     from sglang_ext.models.mtp_layer import MtpLayer
 
     inputs = Path(args.inputs)
@@ -274,7 +283,7 @@ def agree(args) -> int:
         seq = held[i]
         prompt = seq.tokens[:seq.prompt_len].tolist()
         loop = NativeNextn(target, draft, args.format, batch=1, max_ctx=len(prompt) + new + 80, steps=steps,
-                           capacity=new + 12)
+                           capacity=new + 12, topk=args.topk)
         loop.prefill([prompt])
         seconds, _ = _timed(lambda: loop.decode(new, spec=True, check_every=2))
         res = loop.results(new)
@@ -284,8 +293,12 @@ def agree(args) -> int:
         ts = torch.arange(seq.prompt_len - 1, last + 1)
         targets = torch.stack([seq.greedy[ts + s] for s in range(1, steps + 1)], dim=-1)
         with torch.no_grad():
-            simulated = decode_walk(accept_length(chain_drafts(mtp, target.embed, target.lm_head, seq, steps)[ts],
-                                                  targets).tolist())
+            if args.topk == 1:
+                lengths = accept_length(chain_drafts(mtp, target.embed, target.lm_head, seq, steps)[ts], targets)
+            else:
+                paths, depths = tree_drafts(mtp, target.embed, target.lm_head, seq, steps, args.topk, steps + 1)
+                lengths = tree_accept_length(paths[ts], depths[ts], targets)
+            simulated = decode_walk(lengths.tolist())
         row = {"prompt": i, "seconds": round(seconds), "tokens_equal_to_cpu_continuation": same,
                "loop_rounds": res["accept"][0], "simulated_rounds": simulated,
                "agree": res["accept"][0][:len(simulated)] == simulated}
@@ -312,6 +325,8 @@ def main() -> int:
     r.add_argument("--check-every", type=int, default=8, help="rounds between the host's looks at the lengths")
     r.add_argument("--formats", nargs="+", default=["bf16", "int8", "octave_k3v4", "octave_k3v3"])
     r.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    r.add_argument("--topk", type=int, nargs="+", default=[1, 4],
+                   help="draft shapes: 1 = chain of 3; 4 = trees of topk 4 with 3 verified drafts")
     r.add_argument("--prefix-tokens", type=int, nargs="+", default=[0],
                    help="earlier text before each prompt (other held-out continuations), for longer contexts")
     g = sub.add_parser("agree", help="the loop's rounds against the acceptance simulation, here (CPU)")
@@ -321,6 +336,7 @@ def main() -> int:
     g.add_argument("--which", type=int, nargs="+", default=[0, 1, 2], help="held-out sequences")
     g.add_argument("--new-tokens", type=int, default=40)
     g.add_argument("--format", default="bf16")
+    g.add_argument("--topk", type=int, default=1, help="1: chain drafts; > 1: trees of 3 verified drafts")
     args = ap.parse_args()
     return {"pack": pack, "run": run, "agree": agree}[args.cmd](args)
 

@@ -5,8 +5,9 @@ CUDA-graph replay and no stage waits for the host.
 What it is for: SGLang does not run on the lent H200, so the net decode speed-up of NEXTN over our kernels is
 measured with this loop (benchmarks/spec_gpu_loop.py) on the built-in model and a train-draft checkpoint. It does
 what SGLang's EAGLE worker does for `--speculative-algorithm NEXTN --speculative-num-steps k
---speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`, greedy, with no scheduler and no sampling. Core
-code: no SGLang import.
+--speculative-eagle-topk 1 --speculative-num-draft-tokens k+1` (chain drafts) or `--speculative-eagle-topk K` with
+the same k + 1 verified tokens (tree drafts), greedy, with no scheduler and no sampling. Core code: no SGLang
+import.
 
 Slots: request b's token at position p lives in slot b * max_ctx + p of every layer's planes (the target's planes
 and the draft's own). Between rounds, per request, `pos` is the position of the newest token `tok` (known, not yet
@@ -22,9 +23,16 @@ the draft's first token and its output there. A round (k = steps):
    the next round's d_1. Rows after m are rewritten by the next round before anything reads them.
    Then tok = g_m, pos += m + 1.
 
-The draft tokens match what `sglang_ext.models.draft_acceptance.chain_drafts` simulates (that simulation is what
+Tree drafts (topk K > 1) change steps 1-2 as SGLang does: step 1 keeps the draft's K most probable tokens, each
+later step runs K branch rows per request (each over the request's draft KV and the branch's own slots of the
+earlier steps) and keeps the K best of the K x K extensions by path probability; of all candidates the k of
+highest probability are verified with a tree mask (node i sees the root, its ancestors and itself, at position
+pos + depth). The deepest node whose every token is its parent's greedy token is accepted, and the K/V of the
+nodes on its path is moved (one copy per plane for all layers) from their verify rows' slots to their positions'.
+
+The drafts match what `sglang_ext.models.draft_acceptance.chain_drafts` / `tree_drafts` simulate (what
 train-draft reports); `tests/spec/test_native_loop.py` checks the loop against the plain decode loop and the
-simulation.
+simulation, and `benchmarks/spec_gpu_loop.py agree` does on the built-in model.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_ext import kernels
+from sglang_ext.kernels.decode import tree_mask_bits
 from sglang_ext.kvformats import get_format
 
 
@@ -127,16 +136,22 @@ class NativeNextn:
     """The target and draft over KV pools of `fmt_name` for `batch` requests of up to `max_ctx` tokens each."""
 
     def __init__(self, target: TargetWeights, draft: DraftWeights | None, fmt_name: str, batch: int, max_ctx: int,
-                 steps: int = 3, capacity: int = 256):
+                 steps: int = 3, capacity: int = 256, topk: int = 1):
         s = self.shape = target.shape
-        self.target, self.draft, self.steps = target, draft, steps
+        self.target, self.draft, self.steps, self.topk = target, draft, steps, topk
         self.batch, self.max_ctx = batch, max_ctx
         dev = self.device = target.embed.device
         self.dtype = target.embed.dtype
         self.fmt = get_format(fmt_name, head_dim=s.head_dim)
-        slots = batch * max_ctx
-        self.target_kv = [self.fmt.allocate(slots, s.kv_heads, dev) for _ in target.layers]
-        self.draft_kv = self.fmt.allocate(slots, s.kv_heads, dev) if draft is not None else None
+        slots = self.slots = batch * max_ctx
+        # the target's planes: one allocation of every layer's slots, so that moving an accepted tree path's K/V
+        # into place is one copy per plane for all layers
+        self.target_planes = self.fmt.allocate(len(target.layers) * slots, s.kv_heads, dev)
+        self.target_kv = [{n: t[i * slots:(i + 1) * slots] for n, t in self.target_planes.items()}
+                          for i in range(len(target.layers))]
+        # the draft's: the requests' slots, then (tree drafts) each branch row's own slots for its draft steps
+        self.scratch = slots
+        self.draft_kv = self.fmt.allocate(slots + batch * topk * steps, s.kv_heads, dev) if draft is not None else None
         self.inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, device=dev).float() / s.head_dim))
         self.base = torch.arange(batch, device=dev) * max_ctx
         self.scale = s.head_dim ** -0.5
@@ -148,6 +163,16 @@ class NativeNextn:
         self.verified = torch.zeros(batch, steps + 1, dtype=torch.long, device=dev)
         self.verified_hidden = torch.zeros(batch, steps + 1, s.hidden, dtype=self.dtype, device=dev)
         self.accepted = torch.zeros(batch, dtype=torch.long, device=dev)
+        if topk > 1:  # tree drafts: the kept paths (score, last token, tokens, parent's output), every candidate
+            cands = topk + (steps - 1) * topk * topk
+            self.score = torch.zeros(batch, topk, device=dev)
+            self.branch_tok = torch.zeros(batch, topk, dtype=torch.long, device=dev)
+            self.paths = torch.zeros(batch, topk, steps, dtype=torch.long, device=dev)
+            self.branch_hidden = torch.zeros(batch, topk, s.hidden, dtype=self.dtype, device=dev)
+            self.cand_score = torch.zeros(batch, cands, device=dev)
+            self.cand_paths = torch.zeros(batch, cands, steps, dtype=torch.long, device=dev)
+            self.cand_depth = torch.tensor([1] * topk + [d for d in range(2, steps + 1) for _ in range(topk * topk)],
+                                           device=dev)
         # per request: the tokens after its prompt (out, out_len), the rounds run and each round's accept length
         # (log); room for `capacity` tokens and rounds, and one round's worth more
         self.out = torch.zeros(batch, capacity + steps + 1, dtype=torch.long, device=dev)
@@ -166,6 +191,20 @@ class NativeNextn:
         idx = (b * self.max_ctx + p - indptr[b]).clamp_(0, self.batch * self.max_ctx - 1)
         return indptr, idx.to(torch.int32)
 
+    def _branch_index(self, prefix: torch.Tensor, prefix_base: torch.Tensor, own_base: torch.Tensor, own: int):
+        """kv_indptr / kv_indices of rows that each see prefix[r] slots from prefix_base[r] on, then `own` slots
+        from own_base[r] on (a tree draft's branch rows: the request's draft KV, then the branch's earlier steps)."""
+        rows = prefix.shape[0]
+        indptr = F.pad(torch.cumsum(prefix + own, 0), (1, 0)).to(torch.int32)
+        p = torch.arange(rows * (self.max_ctx + self.steps), device=self.device, dtype=torch.int32)
+        r = torch.searchsorted(indptr[1:], p, right=True).clamp_(max=rows - 1)
+        j = p - indptr[r]
+        idx = torch.where(j < prefix[r], prefix_base[r] + j, own_base[r] + j - prefix[r])
+        return indptr, idx.clamp_(0, self.draft_kv_slots() - 1).to(torch.int32)
+
+    def draft_kv_slots(self) -> int:
+        return next(iter(self.draft_kv.values())).shape[0]
+
     def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [R, 1, D / 2] (float32) of positions [R]: once per stage, for every layer."""
         ang = positions.float()[:, None, None] * self.inv_freq
@@ -180,7 +219,7 @@ class NativeNextn:
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1).to(x.dtype)
 
     def _block(self, blk: Block, planes: dict, x: torch.Tensor, rope, slots: torch.Tensor, q_len: int,
-               index) -> torch.Tensor:
+               index, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x [B * q_len, H] (request-major) at the rows' positions (rope: their tables; slots: their pool slots):
         attention over the pool, each row's K/V stored at its slot first. q_len 1: decode (the prefix includes the
         row itself); > 1: verify / extend split over the prefix (index: the prefix), token j seeing the new tokens
@@ -198,7 +237,7 @@ class NativeNextn:
             kernels.decode_attention(self.fmt, q, planes, o, indptr, indices, self.scale)
         else:
             kernels.decode_attention(self.fmt, q, planes, o, indptr, indices, self.scale, q_len=q_len,
-                                     new_slots=slots)
+                                     new_slots=slots, tree_mask=tree_mask)
         x = _linear_add(x, o.view(x.shape[0], -1), blk.o)
         gate, up = F.linear(_rms(x, blk.ln2, s.eps), blk.gate_up).chunk(2, -1)
         return _linear_add(x, F.silu(gate) * up, blk.down)
@@ -213,30 +252,39 @@ class NativeNextn:
         """The attention index of a stage whose rows sit at start .. start + q_len - 1."""
         return self._index(start + 1 if q_len == 1 else start)
 
-    def target_forward(self, tokens: torch.Tensor, start: torch.Tensor, q_len: int):
-        """tokens [B * q_len] at positions start[b] + j -> (greedy next tokens [B, q_len], hidden states after the
-        final norm [B, q_len, H])."""
+    def target_forward(self, tokens: torch.Tensor, start: torch.Tensor, q_len: int, positions=None,
+                       tree_mask=None):
+        """tokens [B * q_len] at positions start[b] + j (or `positions` [B * q_len]; their slots stay start[b] + j)
+        -> (greedy next tokens [B, q_len], hidden states after the final norm [B, q_len, H]). tree_mask: bool
+        [B, q_len, q_len], token j seeing the new tokens t where it is set (else 0..j)."""
         t = self.target
-        positions = self._positions(start, q_len)
-        rope, slots = self._rope_tables(positions), self._slots(positions, q_len)
-        index = self._stage_index(start, q_len)
+        slots = self._slots(self._positions(start, q_len), q_len)
+        positions = self._positions(start, q_len) if positions is None else positions
+        rope, index = self._rope_tables(positions), self._stage_index(start, q_len)
+        if tree_mask is not None:  # the mask's bits once for all layers
+            tree_mask = tree_mask_bits(tree_mask)
         x = t.embed[tokens]
         for blk, planes in zip(t.layers, self.target_kv):
-            x = self._block(blk, planes, x, rope, slots, q_len, index)
+            x = self._block(blk, planes, x, rope, slots, q_len, index, tree_mask)
         h = _rms(x, t.norm, self.shape.eps)
         greedy = F.linear(h, t.lm_head).float().argmax(-1)
         return greedy.view(self.batch, q_len), h.view(self.batch, q_len, -1)
 
+    def _draft_rows(self, hidden, tokens, positions, slots, q_len: int, index) -> torch.Tensor:
+        """The MTP on (hidden [R, H], token [R]) at positions [R], K/V stored at slots [R] -> outputs after
+        final_layernorm [R, H]."""
+        d, s = self.draft, self.shape
+        e = self.target.embed[tokens] * (positions != 0)[:, None].to(self.dtype)  # MiMoMTP zeroes position 0's
+        x = F.linear(torch.cat((_rms(hidden, d.hidden_norm, s.eps), _rms(e, d.token_norm, s.eps)), -1), d.input_proj)
+        x = self._block(d.block, self.draft_kv, x, self._rope_tables(positions), slots, q_len, index)
+        return _rms(x, d.final_norm, s.eps)
+
     def draft_forward(self, hidden: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, q_len: int):
         """The MTP on (hidden [B * q_len, H], token [B * q_len]) at positions start[b] + j -> (greedy tokens
         [B, q_len], outputs after final_layernorm [B, q_len, H])."""
-        d, s = self.draft, self.shape
         positions = self._positions(start, q_len)
-        e = self.target.embed[tokens] * (positions != 0)[:, None].to(self.dtype)  # MiMoMTP zeroes position 0's
-        x = F.linear(torch.cat((_rms(hidden, d.hidden_norm, s.eps), _rms(e, d.token_norm, s.eps)), -1), d.input_proj)
-        x = self._block(d.block, self.draft_kv, x, self._rope_tables(positions), self._slots(positions, q_len), q_len,
-                        self._stage_index(start, q_len))
-        out = _rms(x, d.final_norm, s.eps)
+        out = self._draft_rows(hidden, tokens, positions, self._slots(positions, q_len), q_len,
+                               self._stage_index(start, q_len))
         greedy = F.linear(out, self.target.lm_head).float().argmax(-1)
         return greedy.view(self.batch, q_len), out.view(self.batch, q_len, -1)
 
@@ -287,9 +335,27 @@ class NativeNextn:
             e = t.embed[following] * (torch.arange(n, device=self.device) != 0)[:, None].to(self.dtype)
             x = F.linear(torch.cat((_rms(h, d.hidden_norm, s.eps), _rms(e, d.token_norm, s.eps)), -1), d.input_proj)
             x = self._prefill_block(d.block, self.draft_kv, x, b)
-            out = _rms(x, d.final_norm, s.eps)
-            self.hidden[b] = out[-1]
-            self.drafts[b, 0] = F.linear(out[-1:], t.lm_head).float().argmax(-1)[0]
+            self.hidden[b] = _rms(x, d.final_norm, s.eps)[-1]
+        if d is not None:
+            self._first_drafts(self.hidden)
+
+    def _first_drafts(self, out: torch.Tensor) -> None:
+        """Draft step 1 from the draft's output at the newest verified position (out [B, H]): its greedy token
+        (chain), or its topk tokens by probability (tree), which start the kept paths and the candidates."""
+        logits = F.linear(out, self.target.lm_head).float()
+        if self.topk == 1:
+            self.drafts[:, 0] = logits.argmax(-1)
+            self.hidden.copy_(out)
+            return
+        k = self.topk
+        score, token = torch.softmax(logits, -1).topk(k, -1)
+        self.score.copy_(score)
+        self.branch_tok.copy_(token)
+        self.paths.fill_(-1)
+        self.paths[:, :, 0] = token
+        self.branch_hidden.copy_(out[:, None].expand(-1, k, -1))
+        self.cand_score[:, :k] = score
+        self.cand_paths[:, :k] = self.paths
 
     # ---------------------------------------------------------------------------------------------- stages
     def _emit(self, tokens: torch.Tensor, count: torch.Tensor) -> None:
@@ -308,35 +374,115 @@ class NativeNextn:
         self._emit(greedy, live)
 
     def draft_stage(self) -> None:
-        """Draft steps 2..k."""
+        """Draft steps 2..k: one row per request (chain), or one per kept path (tree: topk rows per request, each
+        over the request's draft KV and its own slots of the earlier steps; the topk best of the topk x topk
+        extensions by path probability are kept, and every extension is a candidate)."""
+        if self.topk > 1:
+            return self._tree_draft_stage()
         for i in range(1, self.steps):
             greedy, out = self.draft_forward(self.hidden, self.drafts[:, i - 1], self.pos + (i - 1), 1)
             self.drafts[:, i] = greedy[:, 0]
             self.hidden.copy_(out[:, 0])
 
+    def _tree_draft_stage(self) -> None:
+        b, k, steps, h = self.batch, self.topk, self.steps, self.shape.hidden
+        rows = torch.arange(b * k, device=self.device)
+        prefix = self.pos.repeat_interleave(k)
+        own_base = self.scratch + rows * steps
+        for i in range(steps - 1):  # step i + 2, at position pos + i
+            index = self._branch_index(prefix, self.base.repeat_interleave(k), own_base, i + 1)
+            out = self._draft_rows(self.branch_hidden.view(-1, h), self.branch_tok.view(-1), prefix + i,
+                                   own_base + i, 1, index)
+            p, token = torch.softmax(F.linear(out, self.target.lm_head).float(), -1).topk(k, -1)
+            extended = (self.score[:, :, None] * p.view(b, k, k)).view(b, k * k)
+            paths = self.paths[:, :, None, :].expand(b, k, k, steps).clone()
+            paths[:, :, :, i + 1] = token.view(b, k, k)
+            paths = paths.view(b, k * k, steps)
+            first = k + i * k * k
+            self.cand_score[:, first:first + k * k] = extended
+            self.cand_paths[:, first:first + k * k] = paths
+            best_score, best = extended.topk(k, -1)
+            self.score.copy_(best_score)
+            self.branch_tok.copy_(token.view(b, k * k).gather(1, best))
+            self.paths.copy_(paths.gather(1, best[:, :, None].expand(-1, -1, steps)))
+            self.branch_hidden.copy_(out.view(b, k, h).gather(1, (best // k)[:, :, None].expand(-1, -1, h)))
+
     def verify_stage(self) -> None:
-        """The target over [tok, d_1 .. d_k]; the accepted count; the round's tokens appended to out."""
+        """The target over [tok, d_1 .. d_k] (chain) or [tok, the k candidates of highest path probability] with
+        their tree mask; the accepted count; the round's tokens appended to out."""
+        if self.topk > 1:
+            return self._tree_verify_stage()
         k = self.steps
         tokens = torch.cat((self.tok[:, None], self.drafts), 1).reshape(-1)
         greedy, h = self.target_forward(tokens, self.pos, k + 1)
         m = (self.drafts == greedy[:, :k]).long().cumprod(-1).sum(-1)
+        self._accept(greedy, h, m, None)
+
+    def _accept(self, greedy: torch.Tensor, h: torch.Tensor, m: torch.Tensor, order: torch.Tensor | None) -> None:
+        """Keep the verified rows on the accepted path in order (order [B, k + 1]; None: as they are) for the draft
+        extend, append their tokens (the first m + 1) to out, log the round."""
+        if order is not None:
+            greedy = greedy.gather(1, order)
+            h = h.gather(1, order[:, :, None].expand(-1, -1, h.shape[-1]))
+        live = (self.out_len < self.capacity).long()  # a request with capacity tokens stays where it is
         self.verified.copy_(greedy)
         self.verified_hidden.copy_(h)
-        live = (self.out_len < self.capacity).long()  # a request with capacity tokens stays where it is
         self.accepted.copy_(m * live + (live - 1))  # -1: frozen
         self._emit(greedy, (m + 1) * live)
         self.log.scatter_(1, self.rounds[:, None], (m + 1)[:, None])
         self.rounds.add_(live)
 
+    def _tree_verify_stage(self) -> None:
+        b, n, steps = self.batch, self.steps, self.steps  # n: verified drafts (num_draft_tokens - 1)
+        chosen = self.cand_score.topk(n, -1).indices  # [B, n]; a parent scores at least its children
+        paths = self.cand_paths.gather(1, chosen[:, :, None].expand(-1, -1, steps))  # [B, n, steps]
+        depth = self.cand_depth[chosen]  # [B, n]
+        node_tok = paths.gather(2, (depth - 1)[:, :, None])[:, :, 0]
+        # anc[b, i, j]: node j lies on node i's path (a proper ancestor)
+        at = torch.arange(steps, device=self.device)
+        same = (paths[:, :, None, :] == paths[:, None, :, :]) | (at >= depth[:, None, :, None])
+        anc = same.all(-1) & (depth[:, None, :] < depth[:, :, None])
+        mask = torch.zeros(b, n + 1, n + 1, dtype=torch.bool, device=self.device)
+        mask[:, :, 0] = True
+        mask[:, 1:, 1:] = anc | torch.eye(n, dtype=torch.bool, device=self.device)
+        zero = torch.zeros(b, 1, dtype=torch.long, device=self.device)
+        positions = (self.pos[:, None] + torch.cat((zero, depth), 1)).reshape(-1)
+        tokens = torch.cat((self.tok[:, None], node_tok), 1).reshape(-1)
+        greedy, h = self.target_forward(tokens, self.pos, n + 1, positions=positions, tree_mask=mask)
+        # a node is accepted when its token is its parent's greedy token and its parent is accepted
+        parent = (anc & (depth[:, None, :] == depth[:, :, None] - 1)).long().argmax(-1)  # [B, n]
+        first = depth == 1
+        g_parent = torch.where(first, greedy[:, :1], greedy[:, 1:].gather(1, parent))
+        match = node_tok == g_parent
+        ok = match & first
+        for _ in range(steps - 1):
+            ok = match & (first | ok.gather(1, parent))
+        reach = depth * ok
+        m, last = reach.max(-1)  # accepted drafts; the deepest accepted node
+        on_path = anc.gather(1, last[:, None, None].expand(-1, 1, n))[:, 0] | (at[:n] == last[:, None])
+        d = torch.arange(1, steps + 1, device=self.device)
+        at_depth = on_path[:, None, :] & (depth[:, None, :] == d[None, :, None])  # [B, steps, n]
+        row = torch.where(d[None] <= m[:, None], 1 + at_depth.long().argmax(-1), 0)  # verify row of each depth
+        order = torch.cat((zero, row), 1)
+        # the accepted nodes' K/V to the slots of their positions (pos + depth), every layer in one copy a plane
+        base = self.base[:, None] + self.pos[:, None]
+        dst = base + d[None]
+        src = torch.where(row > 0, base + row, dst)
+        layers = len(self.target_kv)
+        for plane in self.target_planes.values():
+            view = plane.view(layers, self.slots, *plane.shape[1:])
+            view[:, dst.reshape(-1)] = view[:, src.reshape(-1)]
+        self._accept(greedy, h, m, order)
+
     def extend_stage(self) -> None:
         """The draft over the verified rows; the next round's first draft from row m; tok, pos advanced."""
         k = self.steps
-        greedy, out = self.draft_forward(self.verified_hidden.reshape(-1, self.shape.hidden),
-                                         self.verified.reshape(-1), self.pos, k + 1)
+        positions = self._positions(self.pos, k + 1)
+        out = self._draft_rows(self.verified_hidden.reshape(-1, self.shape.hidden), self.verified.reshape(-1),
+                               positions, self._slots(positions, k + 1), k + 1, self._stage_index(self.pos, k + 1))
         m = self.accepted.clamp(min=0)
         rows = torch.arange(self.batch, device=self.device)
-        self.drafts[:, 0] = greedy[rows, m]
-        self.hidden.copy_(out[rows, m])
+        self._first_drafts(out.view(self.batch, k + 1, -1)[rows, m])
         self.tok.copy_(self.verified[rows, m])
         self.pos.add_(self.accepted + 1)  # frozen (-1): stays
 

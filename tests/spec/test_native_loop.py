@@ -7,7 +7,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from sglang_ext.models.draft_acceptance import accept_length, chain_drafts, decode_walk
+from sglang_ext.models.draft_acceptance import (
+    accept_length,
+    chain_drafts,
+    decode_walk,
+    tree_accept_length,
+    tree_drafts,
+)
 from sglang_ext.models.draft_corpus import Sequence
 from sglang_ext.models.mtp_layer import MtpLayer
 from sglang_ext.models.train_draft import linear_start
@@ -55,11 +61,11 @@ def models():
     return hf, mtp
 
 
-def _loop(models, fmt, batch_prompts):
+def _loop(models, fmt, batch_prompts, topk=1):
     hf, mtp = models
     target = TargetWeights(hf.state_dict(), CONFIG, torch.float32, "cpu")
     draft = DraftWeights(mtp.state_dict(), torch.float32, "cpu")
-    return NativeNextn(target, draft, fmt, batch=len(batch_prompts), max_ctx=64, steps=3, capacity=32)
+    return NativeNextn(target, draft, fmt, batch=len(batch_prompts), max_ctx=64, steps=3, capacity=32, topk=topk)
 
 
 def _reference(models, prompt):
@@ -73,14 +79,17 @@ def _reference(models, prompt):
     return seq, int(close[0, 0]) if len(close) else NEW
 
 
-def _simulated_rounds(models, seq, clear, steps=3):
-    """draft_acceptance's accept lengths along seq's continuation, the rounds whose verified tokens all lie within
-    its first `clear` tokens."""
+def _simulated_rounds(models, seq, clear, steps=3, topk=1):
+    """draft_acceptance's accept lengths along seq's continuation (chain, or tree drafts of topk with `steps`
+    verified drafts), the rounds whose verified tokens all lie within its first `clear` tokens."""
     mtp, embed, head = models[1], models[0].model.embed_tokens.weight.detach(), models[0].lm_head.weight.detach()
     last = min(len(seq.tokens) - 1, seq.prompt_len + clear - 1) - steps
     ts = torch.arange(seq.prompt_len - 1, last + 1)
     targets = torch.stack([seq.greedy[ts + s] for s in range(1, steps + 1)], dim=-1)
-    return decode_walk(accept_length(chain_drafts(mtp, embed, head, seq, steps)[ts], targets).tolist())
+    if topk == 1:
+        return decode_walk(accept_length(chain_drafts(mtp, embed, head, seq, steps)[ts], targets).tolist())
+    paths, depths = tree_drafts(mtp, embed, head, seq, steps, topk, steps + 1)
+    return decode_walk(tree_accept_length(paths[ts], depths[ts], targets).tolist())
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "octave_k3v4"])
@@ -108,6 +117,37 @@ def test_rounds_give_plain_decoding_tokens_and_the_simulated_accept_lengths(mode
         compared += len(simulated)
     assert compared >= 16, compared
     assert sum(n > 2 for a in spec["accept"] for n in a) >= 2
+
+
+def test_tree_rounds_give_plain_decoding_tokens_and_the_simulated_accept_lengths(models):
+    """topk 4, 3 verified drafts (`--speculative-eagle-topk 4 --speculative-num-draft-tokens 4`), bf16 pool: the
+    tree verify's tokens are plain decoding's and its rounds draft_acceptance's tree simulation's, with rounds whose
+    accepted node was not the first verified one (its K/V moved to its position's slot) among them. This draft's
+    probabilities are flat, so the tree verifies several first tokens and accepts at most one draft a round."""
+    loop = _loop(models, "bf16", PROMPTS, topk=4)
+    loop.prefill(PROMPTS)
+    loop.decode(NEW, spec=False, check_every=4)
+    plain = loop.results(NEW)["tokens"]
+    moved = []  # rounds whose accepted depth-1 node was not verify row 1: its K/V had to move
+    accept = loop._accept
+
+    def spy(greedy, h, m, order):
+        moved.append(int(((m > 0) & (order[:, 1] != 1)).sum()))
+        accept(greedy, h, m, order)
+    loop._accept = spy
+    loop.prefill(PROMPTS)
+    loop.decode(NEW, spec=True, check_every=2)
+    tree = loop.results(NEW)
+    assert tree["tokens"] == plain
+    assert sum(moved) >= 2, moved
+    compared = 0
+    for prompt, accepted in zip(PROMPTS, tree["accept"]):
+        seq, clear = _reference(models, prompt)
+        simulated = _simulated_rounds(models, seq, clear, topk=4)
+        assert accepted[:len(simulated)] == simulated
+        compared += len(simulated)
+    assert compared >= 12, compared
+    assert sum(n > 1 for a in tree["accept"] for n in a) >= 12
 
 
 def test_a_prompt_too_long_for_the_pool_is_refused(models):
