@@ -200,10 +200,7 @@ class NativeNextn:
         r = torch.searchsorted(indptr[1:], p, right=True).clamp_(max=rows - 1)
         j = p - indptr[r]
         idx = torch.where(j < prefix[r], prefix_base[r] + j, own_base[r] + j - prefix[r])
-        return indptr, idx.clamp_(0, self.draft_kv_slots() - 1).to(torch.int32)
-
-    def draft_kv_slots(self) -> int:
-        return next(iter(self.draft_kv.values())).shape[0]
+        return indptr, idx.clamp_(0, next(iter(self.draft_kv.values())).shape[0] - 1).to(torch.int32)
 
     def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [R, 1, D / 2] (float32) of positions [R]: once per stage, for every layer."""
@@ -223,7 +220,7 @@ class NativeNextn:
         """x [B * q_len, H] (request-major) at the rows' positions (rope: their tables; slots: their pool slots):
         attention over the pool, each row's K/V stored at its slot first. q_len 1: decode (the prefix includes the
         row itself); > 1: verify / extend split over the prefix (index: the prefix), token j seeing the new tokens
-        0..j."""
+        0..j; index None: a prompt's prefill (one request, causal over its own rows, by the extend kernel)."""
         s = self.shape
         qkv = F.linear(_rms(x, blk.ln1, s.eps), blk.qkv, blk.qkv_bias)
         qk, v = qkv.split([(s.heads + s.kv_heads) * s.head_dim, s.kv_heads * s.head_dim], -1)
@@ -232,14 +229,23 @@ class NativeNextn:
         v = v.reshape(-1, s.kv_heads, s.head_dim).contiguous()
         kernels.store_kv(self.fmt, planes, slots, k, v)
         o = torch.empty_like(q)
+        if index is None:
+            empty = torch.zeros(2, dtype=torch.int32, device=self.device)
+            rows = torch.tensor([0, q_len], dtype=torch.int32, device=self.device)
+            kernels.extend_attention(self.fmt, q, k, v, o, planes, rows, empty, empty, q_len, self.scale)
+            return self._block_end(blk, x, o)
         indptr, indices = index
         if q_len == 1:
             kernels.decode_attention(self.fmt, q, planes, o, indptr, indices, self.scale)
         else:
             kernels.decode_attention(self.fmt, q, planes, o, indptr, indices, self.scale, q_len=q_len,
                                      new_slots=slots, tree_mask=tree_mask)
+        return self._block_end(blk, x, o)
+
+    def _block_end(self, blk: Block, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The output projection and the MLP, with their residual adds."""
         x = _linear_add(x, o.view(x.shape[0], -1), blk.o)
-        gate, up = F.linear(_rms(x, blk.ln2, s.eps), blk.gate_up).chunk(2, -1)
+        gate, up = F.linear(_rms(x, blk.ln2, self.shape.eps), blk.gate_up).chunk(2, -1)
         return _linear_add(x, F.silu(gate) * up, blk.down)
 
     def _positions(self, start: torch.Tensor, q_len: int) -> torch.Tensor:
@@ -258,8 +264,9 @@ class NativeNextn:
         -> (greedy next tokens [B, q_len], hidden states after the final norm [B, q_len, H]). tree_mask: bool
         [B, q_len, q_len], token j seeing the new tokens t where it is set (else 0..j)."""
         t = self.target
-        slots = self._slots(self._positions(start, q_len), q_len)
-        positions = self._positions(start, q_len) if positions is None else positions
+        rows = self._positions(start, q_len)
+        slots = self._slots(rows, q_len)
+        positions = rows if positions is None else positions
         rope, index = self._rope_tables(positions), self._stage_index(start, q_len)
         if tree_mask is not None:  # the mask's bits once for all layers
             tree_mask = tree_mask_bits(tree_mask)
@@ -289,24 +296,6 @@ class NativeNextn:
         return greedy.view(self.batch, q_len), out.view(self.batch, q_len, -1)
 
     # ---------------------------------------------------------------------------------------------- prefill
-    def _prefill_block(self, blk: Block, planes: dict, x: torch.Tensor, b: int) -> torch.Tensor:
-        s = self.shape
-        n = x.shape[0]
-        positions = torch.arange(n, device=self.device)
-        qkv = F.linear(_rms(x, blk.ln1, s.eps), blk.qkv, blk.qkv_bias)
-        qk, v = qkv.split([(s.heads + s.kv_heads) * s.head_dim, s.kv_heads * s.head_dim], -1)
-        qk = self._rope(qk.view(n, s.heads + s.kv_heads, s.head_dim), self._rope_tables(positions))
-        q, k = qk[:, :s.heads].contiguous(), qk[:, s.heads:].contiguous()
-        v = v.reshape(n, s.kv_heads, s.head_dim).contiguous()
-        kernels.store_kv(self.fmt, planes, self.base[b] + positions, k, v)
-        o = torch.empty_like(q)
-        zero = torch.zeros(2, dtype=torch.int32, device=self.device)
-        kernels.extend_attention(self.fmt, q, k, v, o, planes, torch.tensor([0, n], dtype=torch.int32,
-                                 device=self.device), zero, zero, n, self.scale)
-        x = _linear_add(x, o.view(n, -1), blk.o)
-        gate, up = F.linear(_rms(x, blk.ln2, s.eps), blk.gate_up).chunk(2, -1)
-        return _linear_add(x, F.silu(gate) * up, blk.down)
-
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]]) -> None:
         """Reset every request to its prompt (one per request): the target's KV and its next token, the draft's KV
@@ -322,9 +311,11 @@ class NativeNextn:
                 raise ValueError(f"prompt {b} has {n} tokens: max_ctx {self.max_ctx} with capacity "
                                  f"{self.capacity} and {self.steps} draft steps leaves room for 1..{room}")
             ids = torch.tensor(prompt, device=self.device)
+            positions = torch.arange(n, device=self.device)
+            rope, slots = self._rope_tables(positions), self.base[b] + positions
             x = t.embed[ids]
             for blk, planes in zip(t.layers, self.target_kv):
-                x = self._prefill_block(blk, planes, x, b)
+                x = self._block(blk, planes, x, rope, slots, n, None)
             h = _rms(x, t.norm, s.eps)
             nxt = F.linear(h[-1:], t.lm_head).float().argmax(-1)
             self.tok[b], self.pos[b] = nxt[0], n
@@ -332,10 +323,7 @@ class NativeNextn:
             if d is None:
                 continue
             following = torch.cat((ids[1:], nxt))  # the token after each prompt position
-            e = t.embed[following] * (torch.arange(n, device=self.device) != 0)[:, None].to(self.dtype)
-            x = F.linear(torch.cat((_rms(h, d.hidden_norm, s.eps), _rms(e, d.token_norm, s.eps)), -1), d.input_proj)
-            x = self._prefill_block(d.block, self.draft_kv, x, b)
-            self.hidden[b] = _rms(x, d.final_norm, s.eps)[-1]
+            self.hidden[b] = self._draft_rows(h, following, positions, slots, n, None)[-1]
         if d is not None:
             self._first_drafts(self.hidden)
 
