@@ -1,0 +1,5 @@
+"""Hybrid linear-attention models (Gated DeltaNet + full attention: Qwen3.5, Qwen3-Next, qwen4_exp).
+
+`ops/` holds torch implementations of the ops SGLang's Gated DeltaNet path calls, for machines where SGLang only
+has CUDA/Triton kernels for them (the portable CPU platform). `ops/` never imports SGLang.
+"""
