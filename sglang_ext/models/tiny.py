@@ -145,7 +145,8 @@ TINY_MODELS: dict[str, Callable[[Path], None]] = {
     # llama-d128 with one MTP layer, served as MiMo: target and draft of --speculative-algorithm NEXTN.
     "mimo-d128": _write_mimo_of("llama-d128"),
 }
-# Hybrid GDN + full-attention models (qwen3_5, qwen3_5_moe): tiny_hybrid.py builds them from this module's helpers.
+# Hybrid GDN + full-attention models (qwen3_5, qwen3_5_moe, qwen4_exp): tiny_hybrid.py builds them from this
+# module's helpers.
 from sglang_ext.models.tiny_hybrid import HYBRID_TINY_MODELS
 
 TINY_MODELS.update(HYBRID_TINY_MODELS)

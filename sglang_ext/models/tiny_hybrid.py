@@ -54,33 +54,75 @@ def qwen3_5_moe_config() -> dict:
                           mlp_only_layers=[], router_aux_loss_coef=0.001, output_router_logits=False)
 
 
-def hf_shapes(config: dict) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor of transformers' model for `config` (built on the meta device)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def qwen4_exp_config() -> dict:
+    """qwen4_exp (`Qwen4ExpForConditionalGeneration`, the class SGLang serves): the MoE text model above plus two
+    hyper-connection streams, a hashed n-gram PLE table on GDN layer 1 (bigrams and trigrams, 2 heads each, stored
+    in 2 shards), the QSA indexer transformers requires on full-attention layers (its budget, 4096 tokens, covers
+    every test prompt: all blocks are selected) and a one-block vision tower that text prompts never run."""
+    text = _hybrid_config("Qwen4ExpForCausalLM", "qwen4_exp_text", linear_num_key_heads=2, linear_num_value_heads=4,
+                          num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+                          shared_expert_intermediate_size=128, norm_topk_prob=True, router_aux_loss_coef=0.001,
+                          output_router_logits=False, hc_count=2, hc_lowrank=16, ple_layer_ids=[1], ple_embed_dim=64,
+                          ple_conv_kernel_size=4, ngram_size=3, heads_per_ngram=2, ngram_vocab_size_base=1000,
+                          make_ngram_vocab_size_divisible_by=128, split_ngram_parts=2, indexer_n_heads=2,
+                          indexer_kv_heads=1, indexer_head_dim=64, indexer_budget=4096, indexer_compress_ratio=4)
+    for key in ("architectures", "torch_dtype", "tie_word_embeddings"):
+        text.pop(key)
+    vision = {"model_type": "qwen4_exp_vision", "depth": 1, "hidden_size": 64, "num_heads": 2,
+              "intermediate_size": 128, "out_hidden_size": text["hidden_size"], "num_position_embeddings": 64}
+    return {"architectures": ["Qwen4ExpForConditionalGeneration"], "model_type": "qwen4_exp", "text_config": text,
+            "vision_config": vision, "tie_word_embeddings": False, "torch_dtype": "float32"}
 
-    hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
+
+def _text(config: dict) -> dict:
+    return config.get("text_config", config)
+
+
+def _text_prefix(config: dict) -> str:
+    return "model.language_model." if "text_config" in config else "model."
+
+
+def hf_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter of transformers' model for `config` (built on the meta device). Buffers
+    (qwen4_exp's n-gram hash multipliers and moduli) are left out: the model derives them from the config."""
+    import transformers
+
+    hf_config = transformers.AutoConfig.for_model(**config)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config)
-    return {n: tuple(t.shape) for n, t in model.state_dict().items()}
+        model = getattr(transformers, config["architectures"][0])(hf_config)
+    return {n: tuple(t.shape) for n, t in model.named_parameters()}
 
 
 def _mtp_shapes(shapes: dict[str, tuple[int, ...]], config: dict) -> dict[str, tuple[int, ...]]:
-    """The MTP layer SGLang's qwen3_5_mtp loads: fc over [embedding | hidden], its two input norms, one
-    full-attention decoder layer (the shapes of the model's first full-attention layer) and a final norm."""
-    hidden = config["hidden_size"]
-    full = config["layer_types"].index("full_attention")
-    prefix = f"model.layers.{full}."
-    out = {"mtp.fc.weight": (hidden, 2 * hidden), "mtp.pre_fc_norm_embedding.weight": (hidden,),
-           "mtp.pre_fc_norm_hidden.weight": (hidden,), "mtp.norm.weight": (hidden,)}
+    """The MTP layer SGLang's qwen3_5_mtp / qwen4_exp_mtp load: one full-attention decoder layer (the shapes of
+    the model's first full-attention layer), a final norm, and the input fusion: fc over [embedding | hidden]
+    with two input norms, or with hyper-connections fc_embedding / fc_hidden and the hidden norm over all
+    streams plus the model's stream mixer."""
+    text = _text(config)
+    hidden, streams = text["hidden_size"], text.get("hc_count", 1)
+    prefix = _text_prefix(config)
+    layer = f"{prefix}layers.{text['layer_types'].index('full_attention')}."
+    out = {"mtp.pre_fc_norm_embedding.weight": (hidden,), "mtp.pre_fc_norm_hidden.weight": (streams * hidden,),
+           "mtp.norm.weight": (hidden,)}
+    if streams > 1:
+        out.update({"mtp.fc_embedding.weight": (hidden, hidden), "mtp.fc_hidden.weight": (hidden, hidden)})
+    else:
+        out["mtp.fc.weight"] = (hidden, 2 * hidden)
     for name, shape in shapes.items():
-        if name.startswith(prefix):
-            out["mtp.layers.0." + name[len(prefix):]] = shape
+        if name.startswith(layer):
+            out["mtp.layers.0." + name[len(layer):]] = shape
+        elif name.startswith(prefix + "hyper_connection_mixer."):
+            out["mtp." + name[len(prefix):]] = shape
     return out
 
 
 def _draw(name: str, shape: tuple[int, ...], hidden: int, generator: torch.Generator) -> torch.Tensor:
     from sglang_ext.models.tiny import _LOGIT_STD
 
+    if name.endswith(".bias"):
+        return torch.zeros(shape)
+    if name.startswith("model.visual.") and "norm" in name:
+        return torch.ones(shape)  # LayerNorm
     if name.endswith("linear_attn.norm.weight"):
         return torch.ones(shape)
     if "norm" in name:
@@ -91,12 +133,13 @@ def _draw(name: str, shape: tuple[int, ...], hidden: int, generator: torch.Gener
         return 0.5 * torch.randn(shape, generator=generator)
     if name.endswith("conv1d.weight"):
         return torch.randn(shape, generator=generator) / math.sqrt(shape[-1])
-    if name == "model.embed_tokens.weight":
+    if name.endswith(("embed_tokens.weight", "ngram_embedding.weight")):
         return torch.randn(shape, generator=generator)
     if name == "lm_head.weight":
         return torch.randn(shape, generator=generator) * (_LOGIT_STD / math.sqrt(hidden))
-    if len(shape) in (2, 3):  # a matrix, or a stack of expert matrices [experts, out, in]
-        return torch.randn(shape, generator=generator) / math.sqrt(shape[-1])
+    if len(shape) >= 2:  # a matrix, a stack of expert matrices [experts, out, in], or a conv [out, in, ...]
+        return torch.randn(shape, generator=generator) / math.sqrt(math.prod(shape[1:]) if len(shape) > 3
+                                                                      else shape[-1])
     raise ValueError(f"tiny hybrid model: no rule for tensor {name} of shape {shape}")
 
 
@@ -114,16 +157,26 @@ def _split_experts(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
+def _split_ngram_table(name: str, tensor: torch.Tensor, parts: int) -> dict[str, torch.Tensor]:
+    """qwen4_exp's n-gram table -> `...ngram_embedding.shard_{i}.weight`, ceil(rows / parts) rows each."""
+    base = name[: -len(".weight")]
+    rows = -(-tensor.shape[0] // parts)
+    return {f"{base}.shard_{i}.weight": chunk.contiguous() for i, chunk in enumerate(tensor.split(rows))}
+
+
 def hybrid_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
     """Every checkpoint tensor of `config` (model and MTP layer), float32, drawn as the module docstring says."""
     shapes = hf_shapes(config)
     shapes.update(_mtp_shapes(shapes, config))
+    text = _text(config)
     generator = torch.Generator().manual_seed(seed)
     weights = {}
     for name in sorted(shapes):
-        tensor = _draw(name, shapes[name], config["hidden_size"], generator)
+        tensor = _draw(name, shapes[name], text["hidden_size"], generator)
         if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
             weights.update(_split_experts(name, tensor))
+        elif name.endswith("ngram_embedding.weight"):
+            weights.update(_split_ngram_table(name, tensor, text["split_ngram_parts"]))
         else:
             weights[name] = tensor
     return weights
@@ -148,4 +201,5 @@ def write_hybrid(name: str, config_fn: Callable[[], dict]) -> Callable[[Path], N
 HYBRID_TINY_MODELS: dict[str, Callable[[Path], None]] = {
     "qwen3_5": write_hybrid("qwen3_5", qwen3_5_config),
     "qwen3_5_moe": write_hybrid("qwen3_5_moe", qwen3_5_moe_config),
+    "qwen4_exp": write_hybrid("qwen4_exp", qwen4_exp_config),
 }
