@@ -4,8 +4,9 @@ SGLang's MHA host pool copies dense K/V rows and drops scales (upstream #36121).
 of the device pool's format (codes and scales) per token, so host RAM holds the format's bytes per token and
 each device<->host move carries exactly those bytes. Host planes are one buffer, page-locked with cudaHostRegister
 when the device pool is on CUDA. Moves: with `--hicache-io-backend kernel` on a GPU, one Triton launch per (layer,
-plane) that reads or writes the page-locked host rows in place (`kernels/host_transfer.py`); otherwise (`direct`,
-and always on the CPU platform) torch index copies (`kernels/host_pages.py`). Storage pages are the format's bytes in a
+plane) that reads or writes the page-locked host rows in place (`kernels/host_transfer.py`; on the CPU platform the
+same kernel on CPU tensors when the server runs with TRITON_INTERPRET=1); otherwise (`direct`, and `kernel` on the
+CPU platform without the interpreter) torch index copies (`kernels/host_pages.py`). Storage pages are the format's bytes in a
 layout-independent order, keyed by `storage_format_tag` (the format and its geometry), never by layout.
 """
 
@@ -131,9 +132,18 @@ class CompressedMHAHostPool(compat.HostKVCache):
     # -- device <-> host -----------------------------------------------------------------------------------
 
     def _use_kernel(self, io_backend) -> bool:
-        """The Triton path needs device planes on a GPU and page-locked host planes; `direct` keeps torch copies."""
-        return io_backend == "kernel" and self.pin_memory and self.device_layer_planes[0][
-            next(iter(self.plane_specs))].is_cuda
+        """`kernel` moves pages with the Triton kernel where it can run: device planes on a GPU with page-locked
+        host planes, or CPU planes in a process that runs Triton under its interpreter (TRITON_INTERPRET=1 at
+        start-up). Otherwise, and always with `direct`, torch index copies move the same bytes."""
+        if io_backend != "kernel":
+            return False
+        plane = self.device_layer_planes[0][next(iter(self.plane_specs))]
+        use = self.pin_memory if plane.is_cuda else plane.device.type == "cpu" and host_transfer.runs_on_cpu_tensors()
+        if not getattr(self, "_kernel_choice_logged", False):
+            self._kernel_choice_logged = True
+            logger.info("sglang-ext HiCache host pool: --hicache-io-backend kernel moves pages with %s on %s tensors",
+                        "the Triton copy kernel" if use else "torch index copies", plane.device.type)
+        return use
 
     def load_to_device_per_layer(
         self, device_pool, host_indices, device_indices, layer_id, io_backend, *, is_draft: bool = False

@@ -8,16 +8,27 @@ copy and no pageable round trip. On CPU tensors (the Triton interpreter) the sam
 
 Host slot s of a layer sits at `(s // page) * page_stride + (s % page) * row_stride + layer_offset` words, which
 covers the three host layouts of `host_pages` (layer_first and page_first with page = 1). `host_pages.py` is the
-spec: tests compare the two under TRITON_INTERPRET=1.
+spec: tests compare the two under TRITON_INTERPRET=1, and a CPU-platform server with `--hicache-io-backend kernel`
+started with TRITON_INTERPRET=1 moves its pages through this kernel on CPU tensors (`hicache/host_pool.py`).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 _WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
+# triton.jit reads TRITON_INTERPRET when the kernel below is defined: fixed for the process from here on.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def runs_on_cpu_tensors() -> bool:
+    """Whether this process runs the copy kernel under Triton's interpreter, i.e. on CPU tensors (TRITON_INTERPRET
+    was set when this module was imported). Without it the kernel needs GPU device planes."""
+    return _INTERPRETED
 
 
 @triton.jit
