@@ -35,6 +35,9 @@ from kernels_check import LAST_PHASE, check_format, check_sglang, rel_err  # noq
 from kernels_report import print_table, targets  # noqa: E402
 from kernels_sglang_baseline import SGLANG_DEFAULT_MAX_KV_SPLITS, SGLangTritonDecode, sglang_extend  # noqa: E402
 
+from sglang_ext.kernels.decode import run_decode  # noqa: E402
+from sglang_ext.kernels.decode_plan import plan_decode  # noqa: E402
+
 # head_dim -> (q heads, kv heads, rotary_dim): Llama/Qwen3-like d128 and Qwen3.5-like d256 partial RoPE
 HEAD_CONFIGS = {128: (64, 8, 128), 256: (32, 4, 64)}
 BATCHES = (1, 8, 32)
@@ -160,10 +163,11 @@ def bench_decode(cfg, fmts, kernels, kb, vb, planes, combos, timer, dtype, devic
             o = torch.empty_like(q)
             variants.append((name, 4 * d,
                              lambda idx, o=o, base=base: base.run(q, kb, vb, o, indptr, idx, sm_scale), o))
-        for f in fmts:
+        for f in fmts:  # planned once for the batch (as the attention backend does), run per call
             o_f = torch.empty_like(q)
-            variants.append((f.name, f.bytes_per_token_head, lambda idx, f=f, o_f=o_f: kernels.decode_attention(
-                f, q, planes[f.name], o_f, indptr, idx, sm_scale), o_f))
+            plan = plan_decode(f, planes[f.name], batch=batch, num_q_heads=hq, q_dtype=dtype, seq_lens_sum=tokens)
+            variants.append((f.name, f.bytes_per_token_head, lambda idx, f=f, o_f=o_f, plan=plan: run_decode(
+                plan, f, q, planes[f.name], o_f, indptr, idx, sm_scale), o_f))
         for name, bpt, run, out in variants:
             cyc = itertools.cycle(indices)
             if timer.graphs:  # one slot window: the read before each replay evicts the L2
@@ -206,7 +210,8 @@ def bench_sweep(cfg, fmts, kernels, planes, timer, dtype, device, log, batch=8, 
             row = {"kernel": f.name, "head_dim": d, "batch": batch, "ctx": ctx, "block_n": block_n,
                    "num_warps": warps}
             run = lambda f=f, bn=block_n, w=warps: kernels.decode_attention(  # noqa: E731
-                f, q, planes[f.name], o, indptr, idx, 1.0 / math.sqrt(d), block_n=bn, num_warps=w)
+                f, q, planes[f.name], o, indptr, idx, 1.0 / math.sqrt(d), seq_lens_sum=batch * ctx, block_n=bn,
+                num_warps=w)
             try:
                 t = timer(run)
             except Exception as exc:  # e.g. out of shared memory at a large tile: recorded, not timed

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 
 import torch
 import triton
@@ -24,6 +23,7 @@ import triton.language as tl
 from ..kvformats import KVFormat, rotation
 from . import tables
 from .checks import check_planes
+from .device import DeviceInfo, device_info
 from .rotate import rotate_rows
 from .tiles import accumulate, load_q_blocks, q_blocks_f16, q_rows, scores, store_blocks
 
@@ -57,10 +57,14 @@ def tree_mask_bits(tree_mask: torch.Tensor) -> torch.Tensor:
 OCTAVE_GPU_MIN_BLOCK_N = 32
 
 
-def tile_tokens(kind: int, block_n: int, rows: int, x: torch.Tensor) -> int:
+def _info(x: torch.Tensor | DeviceInfo) -> DeviceInfo:
+    return x if isinstance(x, DeviceInfo) else device_info(x.device)
+
+
+def tile_tokens(kind: int, block_n: int, rows: int, x: torch.Tensor | DeviceInfo) -> int:
     """block_n as launched for dots of `rows` rows: at least OCTAVE_GPU_MIN_BLOCK_N for octave on a GPU when
-    rows <= 32 (see there)."""
-    if kind == tables.FMT_OCTAVE and x.is_cuda and rows <= 32:
+    rows <= 32 (see there). x: a tensor on the device, or its DeviceInfo."""
+    if kind == tables.FMT_OCTAVE and _info(x).vendor in ("cuda", "hip") and rows <= 32:
         return max(block_n, OCTAVE_GPU_MIN_BLOCK_N)
     return block_n
 # octave level decode (tiles.octave_levels): select tree; PTX lookups, 3-bit blocks from their packed planes; PTX
@@ -70,7 +74,6 @@ LUT_SELECT, LUT_PTX, LUT_PTX_CODES = 0, 1, 2
 # kernels_variants.py; docs/benchmarks/kernels.md)
 DEFAULT_BLOCK_N = {(tables.FMT_BF16, 128): 64, (tables.FMT_BF16, 256): 64, (tables.FMT_INT8, 128): 128,
                    (tables.FMT_INT8, 256): 128, (tables.FMT_OCTAVE, 128): 128, (tables.FMT_OCTAVE, 256): 128}
-_RESIDENT: dict[tuple, int] = {}  # stage-1 programs resident per SM, by compiled variant (wave_splits)
 # Registers per thread at most for octave decode (q_len 1, 16-row dots, head_dim 128 / 256) on sm_90 and later:
 # ptxas's own choice (156-168) fits 3 programs per SM, 128 fits 4 (its 41 KB of shared memory allow 5) for 4
 # spilled words per loop iteration. Measured on an H200 at batch 8 x 32k, alternated 5 times with the default
@@ -108,17 +111,15 @@ def default_block_n(kind: int, head_dim: int) -> int:
     return DEFAULT_BLOCK_N.get((kind, head_dim), 64)
 
 
-def default_launch(fmt: KVFormat, group: int, q_len: int, x: torch.Tensor, programs: int) -> dict:
+def default_launch(fmt: KVFormat, group: int, q_len: int, info: DeviceInfo, programs: int) -> dict:
     """DEFAULT_LAUNCH's entry for this call where it was measured (q_len 1, group <= 8, NVIDIA, capability >= 9,
     not under the interpreter), with 4 warps and 128 tokens per iteration where its grid of at most `programs`
     stage-1 programs (batch x KV heads x max splits) would bring fewer than LAUNCH_MIN_WARPS_PER_SM warps per SM;
     elsewhere {}: decode_attention's own defaults (4 warps, 16 query rows at least)."""
     entry = DEFAULT_LAUNCH.get((fmt.name, fmt.head_dim))
-    if (entry is None or q_len != 1 or group > 8 or not x.is_cuda or torch.version.hip is not None
-            or not hasattr(_decode_stage1, "warmup") or torch.cuda.get_device_capability(x.device)[0] < 9):
+    if entry is None or q_len != 1 or group > 8 or not info.at_least(9):
         return {}
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    if programs * entry["num_warps"] >= LAUNCH_MIN_WARPS_PER_SM * sms:
+    if programs * entry["num_warps"] >= LAUNCH_MIN_WARPS_PER_SM * info.sms:
         return entry
     return {**{k: v for k, v in entry.items() if k != "num_stages"}, "num_warps": 4, "block_n": 128}
 
@@ -318,10 +319,12 @@ def split_counts(batch: int, splits: int, dev: torch.device) -> torch.Tensor:
     return _SPLITS[key]
 
 
-def use_bf16_dots(x: torch.Tensor, requested: bool | None) -> bool:
+def use_bf16_dots(x: torch.Tensor | DeviceInfo, requested: bool | None) -> bool:
+    """16-bit dot operands: on a GPU, not under the interpreter (where float32 keeps tests exact); `requested`
+    overrides."""
     if requested is not None:
         return requested
-    return x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    return _info(x).compiled_gpu
 
 
 def attention_planes(fmt: KVFormat, planes: dict[str, torch.Tensor]):
@@ -336,14 +339,14 @@ def attention_planes(fmt: KVFormat, planes: dict[str, torch.Tensor]):
     return planes["k_codes"], planes["k_scales"], planes["v_codes"], planes["v_scales"]
 
 
-def level_decode(x: torch.Tensor, dot_bf16: bool, requested: int | None) -> int:
+def level_decode(x: torch.Tensor | DeviceInfo, dot_bf16: bool, requested: int | None) -> int:
     """Octave level decode mode (tiles.octave_levels): the PTX lookup when the dots take bf16 operands on an
     NVIDIA GPU (not under the interpreter, not on AMD), else the select tree; `requested` overrides."""
     if requested is not None:
         assert requested in (LUT_SELECT, LUT_PTX, LUT_PTX_CODES), requested
         assert requested == LUT_SELECT or dot_bf16, "the PTX level lookup yields bf16 values: needs bf16 dot operands"
         return requested
-    return LUT_PTX if dot_bf16 and x.is_cuda and torch.version.hip is None else LUT_SELECT
+    return LUT_PTX if dot_bf16 and _info(x).vendor == "cuda" else LUT_SELECT
 
 
 I8_FLOAT32, I8_F16_BOTH, I8_F16_V = 0, 1, 2  # int8 conversion modes (tiles.kv_block's I8_F16)
@@ -354,10 +357,10 @@ I8_FLOAT32, I8_F16_BOTH, I8_F16_V = 0, 1, 2  # int8 conversion modes (tiles.kv_b
 DEFAULT_I8_F16 = {128: I8_F16_V, 256: I8_F16_V}
 
 
-def int8_f16_dots(kind: int, x: torch.Tensor, dot_bf16: bool, requested: int | None) -> int:
+def int8_f16_dots(kind: int, info: DeviceInfo, head_dim: int, dot_bf16: bool, requested: int | None) -> int:
     """int8 decode with fp16 dot operands (codes converted exactly by int8_ptx): on an NVIDIA GPU when the dots
-    take 16-bit operands (not under the interpreter, not on AMD) DEFAULT_I8_F16's mode for the head_dim
-    (x.shape[-1]), else I8_FLOAT32; `requested` overrides (I8_F16_BOTH: K and V converted before the
+    take 16-bit operands (not under the interpreter, not on AMD) DEFAULT_I8_F16's mode for the head_dim, else
+    I8_FLOAT32; `requested` overrides (I8_F16_BOTH: K and V converted before the
     shared-memory trip; I8_F16_V: only V, K's conversion placed by Triton, after it)."""
     if kind != tables.FMT_INT8:
         return I8_FLOAT32
@@ -366,19 +369,18 @@ def int8_f16_dots(kind: int, x: torch.Tensor, dot_bf16: bool, requested: int | N
         assert requested in (I8_FLOAT32, I8_F16_BOTH, I8_F16_V), requested
         assert requested == I8_FLOAT32 or dot_bf16, "the int8 fp16 path needs 16-bit dot operands"
         return requested
-    if dot_bf16 and x.is_cuda and torch.version.hip is None:
-        return DEFAULT_I8_F16.get(x.shape[-1], I8_F16_BOTH)
+    if dot_bf16 and info.vendor == "cuda":
+        return DEFAULT_I8_F16.get(head_dim, I8_F16_BOTH)
     return I8_FLOAT32
 
 
-def default_maxnreg(kind: int, rows: int, q_len: int, x: torch.Tensor) -> int | None:
+def default_maxnreg(kind: int, rows: int, q_len: int, head_dim: int, info: DeviceInfo) -> int | None:
     """The register cap decode_attention launches stage 1 with when none is asked: OCTAVE_MAXNREG for octave
-    decode (q_len 1, dots of 16 rows) at head_dim 128 or 256 (x.shape[-1]) on an NVIDIA GPU of compute capability
-    9 or later: the shapes it was measured on. Else None (ptxas's choice)."""
-    if (kind != tables.FMT_OCTAVE or rows != 16 or q_len != 1 or x.shape[-1] not in (128, 256) or not x.is_cuda
-            or torch.version.hip is not None):
+    decode (q_len 1, dots of 16 rows) at head_dim 128 or 256 on an NVIDIA GPU of compute capability 9 or later
+    (compiled): the shapes it was measured on. Else None (ptxas's choice)."""
+    if kind != tables.FMT_OCTAVE or rows != 16 or q_len != 1 or head_dim not in (128, 256):
         return None
-    return OCTAVE_MAXNREG if torch.cuda.get_device_capability(x.device)[0] >= 9 else None
+    return OCTAVE_MAXNREG if info.at_least(9) else None
 
 
 def resident_programs(kernel, device: torch.device) -> int:
@@ -449,13 +451,9 @@ def layout(fmt: KVFormat) -> tuple[int, int, int]:
 def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Tensor], o: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float,
                      num_kv_splits: torch.Tensor | None = None, max_kv_splits: int = DEFAULT_MAX_KV_SPLITS,
-                     page_size: int = 1, logit_cap: float = 0.0, block_n: int | None = None,
-                     dot_bf16: bool | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                     lut: int | None = None, int8_f16: int | None = None, fill_waves: bool = True,
-                     maxnreg: int | None = None, q_len: int = 1, new_slots: torch.Tensor | None = None,
-                     min_rows: int | None = None, kv_a: bool | None = None, stage1: str | None = None,
-                     tree_mask: torch.Tensor | None = None, qk8: bool | None = None,
-                     lazy: bool | None = None) -> torch.Tensor:
+                     page_size: int = 1, logit_cap: float = 0.0, q_len: int = 1,
+                     new_slots: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
+                     plan=None, seq_lens_sum: int | None = None, **overrides) -> torch.Tensor:
     """q [B, Hq, D] (float), o [B, Hq, D] (written, every element); kv_indptr [>= B+1], kv_indices int32/int64.
     q_len > 1 (speculative verify): q / o hold q_len tokens per request ([B * q_len, Hq, D], request b's
     at rows b * q_len..); kv_indptr / kv_indices list each request's prefix only; the new tokens, already
@@ -484,108 +482,95 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     choice, unless dot_bf16=False or one of the Triton kernel's launch arguments (kv_a, min_rows, num_warps,
     num_stages, lut, int8_f16, maxnreg) is given. qk8, lazy: the mma kernel's int8 scores and lazy rescale for
     octave formats (decode_mma's docstring; None: MMA_QK8 / MMA_LAZY / MMA_LAZY_QK8's choice for the layout).
+    plan: a decode_plan.DecodePlan made for this batch (the attention backends make one per batch and pass it to
+    every layer); None = make one here from seq_lens_sum (the batch's total KV length; None = read from
+    kv_indptr, a host synchronisation: convenient for tests and benchmarks, not for a captured CUDA graph) and the
+    keyword overrides (decode_plan.DecodeOverrides' fields: block_n, dot_bf16, num_warps, num_stages, lut,
+    int8_f16, fill_waves, maxnreg, min_rows, kv_a, stage1, qk8, lazy).
     Returns o."""
-    check_planes(fmt, planes)
-    rows, hq, d = q.shape
+    from .decode_plan import DecodeOverrides, plan_decode
+
+    rows, hq, _ = q.shape
     assert q_len >= 1 and rows % q_len == 0, (rows, q_len)
     batch = rows // q_len
+    if batch == 0:
+        return o
+    if plan is None:
+        if seq_lens_sum is None:
+            seq_lens_sum = int(kv_indptr[batch]) - int(kv_indptr[0])
+        plan = plan_decode(fmt, planes, batch=batch, num_q_heads=hq, q_dtype=q.dtype, seq_lens_sum=seq_lens_sum,
+                           max_kv_splits=max_kv_splits, q_len=q_len, tree=tree_mask is not None,
+                           kv_splits_given=num_kv_splits is not None, index_dtype=kv_indices.dtype,
+                           overrides=DecodeOverrides(**overrides))
+    else:
+        assert not overrides, f"launch overrides go into the plan, got {sorted(overrides)}"
+    return run_decode(plan, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, num_kv_splits=num_kv_splits,
+                      page_size=page_size, logit_cap=logit_cap, new_slots=new_slots, tree_mask=tree_mask)
+
+
+def run_decode(plan, fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Tensor], o: torch.Tensor,
+               kv_indptr: torch.Tensor, kv_indices: torch.Tensor, sm_scale: float,
+               num_kv_splits: torch.Tensor | None = None, page_size: int = 1, logit_cap: float = 0.0,
+               new_slots: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One layer's decode attention as `plan` (decode_plan.plan_decode) decided it: no decision, device query or
+    host synchronisation here. Arguments as decode_attention's; num_kv_splits: the caller's per-request split
+    counts when the plan was made with kv_splits_given, else None (the plan's). Returns o."""
+    check_planes(fmt, planes)
+    rows, hq, d = q.shape
+    q_len = plan.q_len
+    batch = rows // q_len
+    assert plan.fmt_name == fmt.name and plan.head_dim == d == fmt.head_dim, (plan.fmt_name, plan.head_dim, d)
+    assert rows == plan.batch * q_len and hq == plan.num_q_heads, (rows, hq, plan.batch, q_len, plan.num_q_heads)
+    h_kv = next(iter(planes.values())).shape[1]
+    assert h_kv == plan.num_kv_heads, (h_kv, plan.num_kv_heads)
     if q_len > 1:
         assert new_slots is not None and new_slots.dim() == 1 and new_slots.shape[0] >= rows, "q_len > 1 needs new_slots"
         assert not new_slots.is_floating_point(), new_slots.dtype
     tree_bits = None
     if tree_mask is not None:
-        assert 1 < q_len <= MAX_TREE_TOKENS, (q_len, MAX_TREE_TOKENS)
+        assert plan.tree, "a tree mask needs a plan made with tree=True"
         if tree_mask.dtype == torch.bool:
             assert tree_mask.shape == (batch, q_len, q_len), (tree_mask.shape, batch, q_len)
             tree_bits = tree_mask_bits(tree_mask)
         else:  # already tree_mask_bits' int32 [B * q_len] (made once for all layers of a verify step)
             assert tree_mask.dtype == torch.int32 and tree_mask.shape == (rows,), (tree_mask.dtype, tree_mask.shape)
             tree_bits = tree_mask
-    h_kv = next(iter(planes.values())).shape[1]
-    assert d == fmt.head_dim, (d, fmt.head_dim)
+    else:
+        assert not plan.tree, "the plan is a tree verify's: pass its tree_mask"
     assert q.is_floating_point() and q.stride(-1) == 1, (q.dtype, q.stride())
     assert o.shape == q.shape and o.stride(-1) == 1 and o.is_floating_point(), (o.shape, o.stride())
-    assert hq % h_kv == 0, f"q heads {hq} not a multiple of kv heads {h_kv}"
     assert kv_indptr.dim() == 1 and kv_indptr.shape[0] >= batch + 1, kv_indptr.shape
     assert kv_indptr.dtype in (torch.int32, torch.int64) and kv_indices.dtype in (torch.int32, torch.int64)
     assert page_size >= 1, page_size
-    assert max_kv_splits >= 1, max_kv_splits
-    if batch == 0:
-        return o
+    if num_kv_splits is None:
+        num_kv_splits = plan.num_kv_splits
+        assert num_kv_splits is not None, "the plan was made for caller split counts (kv_splits_given)"
+    assert num_kv_splits.shape[0] >= batch, num_kv_splits.shape
     dev = q.device
-    kind, k_n4, v_n4 = layout(fmt)
-    group = hq // h_kv
-    assert q_len == 1 or group * q_len <= MAX_VERIFY_ROWS, (group, q_len)
-    if stage1 not in (None, "triton", "mma"):
-        raise ValueError(f"stage1 must be 'triton', 'mma' or None, got {stage1!r}")
-    # the default may take decode_mma only when no argument of the Triton kernel's launch was asked for
-    triton_knobs = (kv_a, min_rows, num_warps, num_stages, lut, int8_f16, maxnreg)
-    if stage1 == "mma" or (stage1 is None and q.is_cuda and hasattr(_decode_stage1, "warmup")
-                           and dot_bf16 is not False and all(k is None for k in triton_knobs)):
+    kc, ks, vc, vs = attention_planes(fmt, planes)
+    if plan.stage1 == "mma":
         from . import decode_mma  # Gluon: imported only where it can run
 
-        why = decode_mma.supported(fmt, group, q_len, q)
-        if stage1 == "mma" and why is not None:
-            raise ValueError(f"stage1='mma': {why}")
-        short_int8 = kind == tables.FMT_INT8 and kv_indices.shape[0] < MMA_INT8_MIN_TOKENS * batch  # mean length
-        if stage1 == "mma" or (decode_mma.default_for(fmt, group, q_len, q) and not short_int8):
-            mma_layout = decode_mma.layout_of(fmt)
-            qk8 = mma_layout in MMA_QK8 if qk8 is None else qk8
-            lazy = mma_layout in (MMA_LAZY_QK8 if qk8 else MMA_LAZY) if lazy is None else lazy
-            return _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, num_kv_splits,
-                               max_kv_splits, block_n or MMA_BLOCK_N[mma_layout], fill_waves, batch, h_kv, group,
-                               qk8=qk8, lazy=lazy)
-    launch = default_launch(fmt, group, q_len, q, batch * h_kv * max_kv_splits)
-    block_n = block_n or launch.get("block_n") or default_block_n(kind, d)
-    num_warps = num_warps or launch.get("num_warps", 4)
-    min_rows = min_rows or launch.get("min_rows", 16)
-    kv_a = launch.get("kv_a", False) if kv_a is None else kv_a
-    bf16_dots = use_bf16_dots(q, dot_bf16)
-    launch_opts = {"num_warps": num_warps}
-    num_stages = num_stages or launch.get("num_stages")
-    if num_stages is not None:
-        launch_opts["num_stages"] = num_stages
-    block_h = max(min_rows, triton.next_power_of_2(group * q_len))
-    if maxnreg is None and hasattr(_decode_stage1, "warmup"):  # not under the interpreter
-        maxnreg = default_maxnreg(kind, block_h, q_len, q)
-    if maxnreg:  # a register cap per thread (ptxas spills past it): more programs per SM
-        launch_opts["maxnreg"] = maxnreg
-    block_n = tile_tokens(kind, block_n, block_h, q)
+        mid_o = torch.empty(rows, hq, plan.grid_splits, d, dtype=torch.float32, device=dev)
+        mid_lse = torch.empty(rows, hq, plan.grid_splits, dtype=torch.float32, device=dev)
+        # q goes in as the model made it: the octave kernel rotates it itself (decode_mma._rotated_q)
+        decode_mma.launch_stage1((batch, h_kv, plan.grid_splits), q, kc, ks, vc, vs, kv_indptr, kv_indices,
+                                 num_kv_splits, mid_o, mid_lse, sm_scale, plan.group, plan.block_n, MIN_BLOCK_KV,
+                                 split_mul=plan.split_mul, qk8=plan.qk8, lazy=plan.lazy)
+        return _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, plan.grid_splits, split_mul=plan.split_mul)
     q_in = q
     if fmt.rotated:
         q_in = rotate_rows(q, torch.empty(q.shape, dtype=torch.float32, device=dev), rotation.K_TENSOR, False)
-    mid_o = torch.empty(rows, hq, max_kv_splits, d, dtype=torch.float32, device=dev)
-    mid_lse = torch.empty(rows, hq, max_kv_splits, dtype=torch.float32, device=dev)
-    kc, ks, vc, vs = attention_planes(fmt, planes)
-    args = (q_in, kc, ks, vc, vs, kv_indptr, kv_indices, None, mid_o, mid_lse,
-            sm_scale, new_slots if new_slots is not None else kv_indices,
-            tree_bits if tree_bits is not None else kv_indices, kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1),
-            vs.stride(0), vs.stride(1), q_in.stride(0), q_in.stride(1), mid_o.stride(0), mid_o.stride(1),
-            mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
-    consts = dict(FMT=kind, GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, MIN_BLOCK=MIN_BLOCK_KV, K_N4=k_n4,
-                  V_N4=v_n4, NB=d // 64, LOGIT_CAP=float(logit_cap), DOT_BF16=bf16_dots,
-                  LUT=level_decode(q, bf16_dots, lut), I8_F16=int8_f16_dots(kind, q, bf16_dots, int8_f16),
-                  KV_A=bool(kv_a), Q_LEN=q_len, BLOCK_T=tile_tokens(kind, 16, block_h, q),
-                  TREE=tree_bits is not None, **launch_opts)
-    grid_splits = max_kv_splits
-    if num_kv_splits is None:
-        splits = max_kv_splits
-        if fill_waves and q.is_cuda and hasattr(_decode_stage1, "warmup"):  # not under the interpreter
-            key = (dev.index, q_in.dtype, kc.dtype, ks.dtype, kv_indices.dtype, tuple(sorted(consts.items())))
-            if key not in _RESIDENT:
-                ph = torch.ones(1, dtype=torch.int32, device=dev)
-                kernel = _decode_stage1.warmup(*args[:7], ph, *args[8:], grid=(1,), **consts)
-                kernel = kernel.result() if hasattr(kernel, "result") else kernel
-                _RESIDENT[key] = resident_programs(kernel, dev)
-            slots = torch.cuda.get_device_properties(dev).multi_processor_count * _RESIDENT[key]
-            seq_len = max(1, kv_indices.shape[0] // batch)  # mean length, known on the host without a sync
-            splits = grid_splits = wave_splits(batch * h_kv, max_kv_splits, slots, seq_len, block_n)
-        num_kv_splits = split_counts(batch, splits, dev)
-    assert num_kv_splits.shape[0] >= batch, num_kv_splits.shape
-    _decode_stage1[(batch, h_kv, grid_splits)](*args[:7], num_kv_splits, *args[8:], **consts)
-    # stage 2 merges a tile of grid_splits partials (the count stage 1 ran, when wave_splits chose it), not of
-    # max_kv_splits
-    return _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits, q_len)
+    mid_o = torch.empty(rows, hq, plan.grid_splits, d, dtype=torch.float32, device=dev)
+    mid_lse = torch.empty(rows, hq, plan.grid_splits, dtype=torch.float32, device=dev)
+    _decode_stage1[(batch, h_kv, plan.grid_splits)](
+        q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse, sm_scale,
+        new_slots if new_slots is not None else kv_indices, tree_bits if tree_bits is not None else kv_indices,
+        kc.stride(0), kc.stride(1), ks.stride(0), ks.stride(1), vc.stride(0), vc.stride(1), vs.stride(0),
+        vs.stride(1), q_in.stride(0), q_in.stride(1), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1), LOGIT_CAP=float(logit_cap), **plan.consts)
+    # stage 2 merges a tile of grid_splits partials (the count stage 1 ran), not of the caller's max_kv_splits
+    return _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, plan.grid_splits, q_len)
 
 
 def _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits: int, q_len: int = 1,
@@ -641,44 +626,3 @@ def mma_max_splits(batch: int, h_kv: int, seq_len: int, slots: int, sms: int, ma
     target = slots if seq_len >= MMA_LONG_CONTEXT else MMA_SHORT_PROGRAMS_PER_SM * sms
     want = max(max_kv_splits, -(-target // (batch * h_kv)))
     return max(1, min(MMA_MAX_SPLITS, want, seq_len // MMA_MIN_SPLIT_TOKENS))
-
-
-def _decode_mma(decode_mma, fmt, q, planes, o, kv_indptr, kv_indices, sm_scale, num_kv_splits, max_kv_splits: int,
-                block_n: int, fill_waves: bool, batch: int, h_kv: int, group: int, qk8: bool = False,
-                lazy: bool = False) -> torch.Tensor:
-    """decode_attention through decode_mma's stage 1. Split counts: with num_kv_splits given (SGLang's backend
-    passes its own, at most max_kv_splits), each request's count times split_mul, the smallest multiplier whose
-    grid fills the GPU's resident one-warp programs; without, wave_splits' choice up to mma_max_splits. q goes in
-    as the model made it: the octave kernel rotates it itself (decode_mma._rotated_q)."""
-    dev = q.device
-    kc, ks, vc, vs = attention_planes(fmt, planes)
-    key = ("mma", dev.index, q.shape[-1], vc.shape[-1], vc.dtype, q.dtype, kv_indices.dtype, group, block_n, qk8, lazy)
-    if key not in _RESIDENT:
-        ph = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=dev)
-        one = torch.ones(1, dtype=torch.int32, device=dev)
-        kernel = decode_mma.launch_stage1(None, q, kc, ks, vc, vs, kv_indptr, kv_indices, one, ph, ph[0], sm_scale,
-                                          group, block_n, MIN_BLOCK_KV, warmup=True, qk8=qk8,
-                                          lazy=lazy)
-        _RESIDENT[key] = resident_programs(kernel, dev)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    slots = sms * _RESIDENT[key]
-    split_mul = 1
-    if num_kv_splits is None:
-        splits = max_kv_splits
-        if fill_waves:
-            seq_len = max(1, kv_indices.shape[0] // batch)  # mean length, known on the host without a sync
-            most = mma_max_splits(batch, h_kv, seq_len, slots, sms, max_kv_splits)
-            splits = wave_splits(batch * h_kv, most, slots, seq_len, block_n)
-        num_kv_splits = split_counts(batch, splits, dev)
-        grid_splits = splits
-    else:
-        assert num_kv_splits.shape[0] >= batch, num_kv_splits.shape
-        split_mul = max(1, min(MMA_MAX_SPLITS // max_kv_splits, -(-slots // (batch * h_kv * max_kv_splits))))
-        grid_splits = max_kv_splits * split_mul
-    rows, hq, d = q.shape
-    mid_o = torch.empty(rows, hq, grid_splits, d, dtype=torch.float32, device=dev)
-    mid_lse = torch.empty(rows, hq, grid_splits, dtype=torch.float32, device=dev)
-    decode_mma.launch_stage1((batch, h_kv, grid_splits), q, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits,
-                             mid_o, mid_lse, sm_scale, group, block_n, MIN_BLOCK_KV, split_mul=split_mul, qk8=qk8,
-                             lazy=lazy)
-    return _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits, split_mul=split_mul)

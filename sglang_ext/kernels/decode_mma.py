@@ -53,8 +53,6 @@ decode._decode_stage1, merged by its stage 2.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -1210,8 +1208,9 @@ def lut_tensor(device) -> torch.Tensor:
     return _LUT[key]
 
 
-def supported(fmt, group: int, q_len: int, x) -> str | None:
-    """None when this kernel can run the call, else why not (the scope in the module docstring)."""
+def supported(fmt, group: int, q_len: int, info) -> str | None:
+    """None when this kernel can run the call on the device `info` (device.DeviceInfo), else why not (the scope in
+    the module docstring)."""
     from . import tables
 
     if tables.format_kind(fmt) not in (tables.FMT_OCTAVE, tables.FMT_INT8):
@@ -1227,9 +1226,9 @@ def supported(fmt, group: int, q_len: int, x) -> str | None:
         return "only one query token per request"
     if group > 8:
         return f"GQA groups of at most 8 q heads (got {group})"
-    if not x.is_cuda or torch.version.hip is not None or torch.cuda.get_device_capability(x.device)[0] < 8:
+    if info.vendor != "cuda" or info.capability is None or info.capability[0] < 8:
         return "needs an NVIDIA GPU of compute capability 8.0 or later"
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if info.interpreted:
         return "Gluon kernels do not run under the Triton interpreter"
     return None
 
@@ -1250,12 +1249,11 @@ def layout_of(fmt) -> str | None:
 DEFAULT_LAYOUTS = frozenset({"d128", "d256", "d128v3", "d256v3", "int8d128", "int8d256"})
 
 
-def default_for(fmt, group: int, q_len: int, x) -> bool:
+def default_for(fmt, group: int, q_len: int, info) -> bool:
     """Whether decode_attention takes this kernel when the caller does not choose: where it runs and was
     measured faster than decode._decode_stage1 (DEFAULT_LAYOUTS), on compute capability 9 (an H200). On sm_80 /
     sm_86 it compiles (kernels.targets) but was not run: stage1="mma" asks for it."""
-    return (supported(fmt, group, q_len, x) is None and layout_of(fmt) in DEFAULT_LAYOUTS
-            and torch.cuda.get_device_capability(x.device)[0] >= 9)
+    return supported(fmt, group, q_len, info) is None and layout_of(fmt) in DEFAULT_LAYOUTS and info.at_least(9)
 
 
 def launch_stage1(grid, q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse, sm_scale,

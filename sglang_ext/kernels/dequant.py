@@ -16,6 +16,7 @@ import triton.language as tl
 from ..kvformats import KVFormat, rotation
 from .checks import check_planes
 from .decode import LUT_PTX, LUT_SELECT, attention_planes, layout
+from .device import device_info
 from .rotate import rotate_rows
 from .tiles import kv_block, kv_scale
 
@@ -92,8 +93,7 @@ def dequantize_rotated(fmt: KVFormat, planes: dict[str, torch.Tensor], loc: torc
         return
     kind, k_n4, v_n4 = layout(fmt)
     if lut is None:
-        lut = LUT_PTX if (k_out.dtype == torch.bfloat16 and k_out.is_cuda and torch.version.hip is None
-                          and hasattr(_dequant_kernel, "warmup")) else LUT_SELECT
+        lut = LUT_PTX if k_out.dtype == torch.bfloat16 and device_info(k_out.device).nvidia else LUT_SELECT
     kc, ks, vc, vs = attention_planes(fmt, planes)
     for codes, scales, n4, out in ((kc, ks, k_n4, k_out), (vc, vs, v_n4, v_out)):
         _dequant_kernel[(triton.cdiv(n, block_n), hc)](

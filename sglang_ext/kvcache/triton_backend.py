@@ -1,8 +1,9 @@
 """GPU attention over a compressed pool: SGLang's Triton backend with its kernels swapped for ours.
 
 Everything per batch (kv_indptr / kv_indices / qo_indptr, CUDA-graph buffers, split-KV sizing) is
-TritonAttnBackend's own metadata; only the per-layer calls change: the pool's store kernel writes new K/V,
-`sglang_ext.kernels.decode_attention` / `extend_attention` read the format's planes at kv_indices.
+TritonAttnBackend's own metadata, plus one decode launch plan (kernels/decode_plan.py) made beside it in
+init_forward_metadata or at CUDA-graph capture; the per-layer calls change: the pool's store kernel writes new
+K/V, `sglang_ext.kernels.decode.run_decode` (the plan) / `extend_attention` read the format's planes at kv_indices.
 Speculative decoding: target verify reads the draft tokens back from the pool at out_cache_loc (stored
 first), as decode reads its current token, so that verify computes the logits sequential decode would (greedy
 output with speculation = without). Chain drafts (EAGLE/NEXTN with topk 1, whose mask is causal) run through
@@ -41,6 +42,9 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         self.kv_format = pool.kv_format
         self._checked_layers: set[int] = set()
         self._tree: tuple[object, torch.Tensor] | None = None  # (forward batch, its verify tree mask)
+        self._q_dtype = model_runner.dtype  # the model's activations: the dtype of q the kernels get
+        self._decode_plan = None  # this batch's DecodePlan (plan_batch), or None: extend kernel only
+        self._graph_plans: dict[tuple, object] = {}  # (forward mode, bucket batch size) -> plan made at capture
 
     def _check(self, layer, sinks, score_mod, aux_tensors) -> None:
         if sinks is not None or score_mod is not None or aux_tensors is not None:
@@ -72,10 +76,10 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
                                       "from the pool, so it must store them (save_kv_cache)")
         o = torch.empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
         md = self.forward_metadata
-        q_len, tree = verify_shape(forward_batch, layer) if verify else (1, False)
-        if q_len > 1:
-            return self._decode(q, o, layer, q_len=q_len, new_slots=forward_batch.out_cache_loc,
-                                tree_mask=self._tree_mask(forward_batch, q_len) if tree else None)
+        plan = self._decode_plan if verify else None
+        if plan is not None:  # a chain or tree verify through the decode kernel (plan_batch)
+            return self._decode(q, o, layer, new_slots=forward_batch.out_cache_loc,
+                                tree_mask=self._tree_mask(forward_batch, plan.q_len) if plan.tree else None)
         verify_mask = md.custom_mask if verify else None
         extend_attention(
             self.kv_format,
@@ -113,6 +117,50 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         o = torch.empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
         return self._decode(q, o, layer, num_kv_splits=self.forward_metadata.num_kv_splits)
 
+    # Plan once per batch ------------------------------------------------------------------------------------------
+    # Decode and decode-kernel verify steps get a decode_plan.DecodePlan here, from the batch's sequence lengths as
+    # SGLang's metadata carries them on the host (never from a buffer's shape); every layer's call runs it. Under
+    # CUDA graphs the plan is made at capture from the bucket's batch size alone (lengths unknown: decode_plan's
+    # docstring says which choices that fixes) and reinstalled at every replay of that bucket.
+
+    def init_forward_metadata(self, forward_batch):
+        super().init_forward_metadata(forward_batch)
+        self._decode_plan = self.plan_batch(forward_batch, host_seq_lens_sum(forward_batch))
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        super().init_forward_metadata_out_graph(forward_batch, in_capture)
+        key = (forward_batch.forward_mode, forward_batch.batch_size)
+        if in_capture:
+            self._graph_plans[key] = self.plan_batch(forward_batch, None)
+        self._decode_plan = self._graph_plans[key]
+
+    def plan_batch(self, forward_batch, seq_lens_sum: int | None):
+        """The DecodePlan of this batch's decode-kernel steps (decode; chain or tree verify), or None when the batch
+        runs only the extend kernel. seq_lens_sum: the batch's total KV length on the host, None under a CUDA-graph
+        capture."""
+        from sglang_ext.kernels.decode_plan import plan_decode
+
+        mode = forward_batch.forward_mode
+        spec = forward_batch.spec_info
+        if mode.is_decode_or_idle():
+            q_len, tree = 1, False
+            # multi-step drafts hand in their own kv lists (topk rows per request): SGLang's batch is their count
+            rows = spec.kv_indptr.shape[0] - 1 if spec is not None and spec.kv_indptr is not None else None
+            batch = rows if rows is not None else forward_batch.batch_size
+        elif mode.is_target_verify():
+            q_len, tree = verify_shape(forward_batch, self.num_head // self.num_kv_head)
+            if q_len == 1:
+                return None
+            batch = forward_batch.batch_size
+        else:
+            return None
+        if batch == 0:
+            return None
+        return plan_decode(self.kv_format, self.kv_pool.layer_planes(self.kv_pool.start_layer), batch=batch,
+                           num_q_heads=self.num_head, q_dtype=self._q_dtype, seq_lens_sum=seq_lens_sum,
+                           max_kv_splits=self.max_kv_splits, q_len=q_len, tree=tree,
+                           kv_splits_given=mode.is_decode_or_idle())
+
     def _tree_mask(self, forward_batch, q_len: int) -> torch.Tensor:
         """The decode kernel's tree mask of this verify batch (SGLang's custom mask's draft columns, as
         tree_mask_bits), made once per batch for all layers."""
@@ -125,12 +173,13 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         return self._tree[1]
 
     def _decode(self, q, o, layer, **kwargs):
-        """decode_attention over this layer's planes and the batch's kv lists into o; kwargs: num_kv_splits, or
-        q_len / new_slots for a chain verify. Returns o."""
-        from sglang_ext.kernels import decode_attention
+        """This batch's decode plan run over this layer's planes and kv lists into o; kwargs: num_kv_splits (SGLang's,
+        decode), or new_slots / tree_mask for a verify. Returns o."""
+        from sglang_ext.kernels.decode import run_decode
 
         md = self.forward_metadata
-        decode_attention(
+        run_decode(
+            self._decode_plan,
             self.kv_format,
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
             self.kv_pool.layer_planes(layer.layer_id),
@@ -138,7 +187,6 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
             md.kv_indptr,
             md.kv_indices,
             layer.scaling,
-            max_kv_splits=self.max_kv_splits,
             page_size=self.page_size,
             logit_cap=logit_cap_of(layer),
             **kwargs,
@@ -146,7 +194,17 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         return o
 
 
-def verify_shape(forward_batch, layer) -> tuple[int, bool]:
+def host_seq_lens_sum(forward_batch) -> int | None:
+    """The batch's total sequence length as SGLang's metadata holds it on the host (seq_lens_sum, else the sum of
+    seq_lens_cpu), or None when it holds neither; never a device read."""
+    if getattr(forward_batch, "seq_lens_sum", None) is not None:
+        return int(forward_batch.seq_lens_sum)
+    if getattr(forward_batch, "seq_lens_cpu", None) is not None:
+        return int(forward_batch.seq_lens_cpu.sum())
+    return None
+
+
+def verify_shape(forward_batch, group: int) -> tuple[int, bool]:
     """(draft tokens per request, tree?) of an EAGLE/NEXTN verify batch the decode kernel can take: a chain (topk
     1: each draft's mask is causal over the drafts before it) or a tree (topk > 1: the custom mask's draft
     columns); (1, False) otherwise (the extend kernel with the custom mask: NGRAM, or too many rows)."""
@@ -159,7 +217,6 @@ def verify_shape(forward_batch, layer) -> tuple[int, bool]:
     q_len = int(getattr(spec, "num_tokens_per_req", -1) or -1)
     if q_len <= 0:  # SGLang fills it from draft_token_num when left at -1
         q_len = int(getattr(spec, "draft_token_num", 0) or 0)
-    group = layer.tp_q_head_num // layer.tp_k_head_num
     tree = topk > 1
     if 1 < q_len and q_len * group <= MAX_VERIFY_ROWS and (not tree or q_len <= MAX_TREE_TOKENS):
         return q_len, tree

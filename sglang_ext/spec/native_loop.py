@@ -43,7 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from sglang_ext import kernels
-from sglang_ext.kernels.decode import tree_mask_bits
+from sglang_ext.kernels.decode import run_decode, tree_mask_bits
+from sglang_ext.kernels.decode_plan import plan_decode
 from sglang_ext.kvformats import get_format
 
 
@@ -143,6 +144,7 @@ class NativeNextn:
         dev = self.device = target.embed.device
         self.dtype = target.embed.dtype
         self.fmt = get_format(fmt_name, head_dim=s.head_dim)
+        self._plans: dict[tuple, object] = {}  # decode plans by (rows, q_len, tree): _block
         slots = self.slots = batch * max_ctx
         # the target's planes: one allocation of every layer's slots, so that moving an accepted tree path's K/V
         # into place is one copy per plane for all layers
@@ -235,11 +237,15 @@ class NativeNextn:
             kernels.extend_attention(self.fmt, q, k, v, o, planes, rows, empty, empty, q_len, self.scale)
             return self._block_end(blk, x, o)
         indptr, indices = index
-        if q_len == 1:
-            kernels.decode_attention(self.fmt, q, planes, o, indptr, indices, self.scale)
-        else:
-            kernels.decode_attention(self.fmt, q, planes, o, indptr, indices, self.scale, q_len=q_len,
-                                     new_slots=slots, tree_mask=tree_mask)
+        # every stage is captured once over fixed-size lists whose lengths change each round: planned as a CUDA
+        # graph is (lengths unknown, decode_plan's docstring), once per stage shape
+        key = (q.shape[0], q_len, tree_mask is not None)
+        if key not in self._plans:
+            self._plans[key] = plan_decode(self.fmt, planes, batch=q.shape[0] // q_len, num_q_heads=q.shape[1],
+                                           q_dtype=q.dtype, seq_lens_sum=None, q_len=q_len,
+                                           tree=tree_mask is not None, index_dtype=indices.dtype)
+        run_decode(self._plans[key], self.fmt, q, planes, o, indptr, indices, self.scale,
+                   new_slots=slots if q_len > 1 else None, tree_mask=tree_mask)
         return self._block_end(blk, x, o)
 
     def _block_end(self, blk: Block, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:

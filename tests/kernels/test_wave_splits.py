@@ -5,6 +5,7 @@ import math
 from types import SimpleNamespace
 
 from sglang_ext.kernels.decode import SPLIT_OVERHEAD_ITERS, resident_programs, wave_splits
+from sglang_ext.kernels.device import CPU, DeviceInfo
 
 
 def _cost(programs: int, s: int, slots: int, seq_len: int, block_n: int) -> int:
@@ -69,68 +70,49 @@ def test_resident_programs_without_a_driver_count_registers_per_scheduler(monkey
     assert resident_programs(kernel(32, 1, 0), "cuda:0") == 32  # at most 32 programs
 
 
-class _FakeCudaQ:
-    """What default_maxnreg reads of q: is_cuda, device and the head_dim (shape[-1])."""
-
-    is_cuda = True
-    device = "cuda:0"
-
-    def __init__(self, head_dim: int):
-        self.shape = (8, 64, head_dim)
+H200 = DeviceInfo(vendor="cuda", interpreted=False, capability=(9, 0), sms=132)
+A3090 = DeviceInfo(vendor="cuda", interpreted=False, capability=(8, 6), sms=82)
+RDNA3 = DeviceInfo(vendor="hip", interpreted=False, sms=48)
+INTERPRETED_GPU = DeviceInfo(vendor="cuda", interpreted=True, capability=(9, 0), sms=132)
 
 
-def test_register_cap_only_where_it_was_measured(monkeypatch):
-    import torch
-
+def test_register_cap_only_where_it_was_measured():
     from sglang_ext.kernels import decode, tables
 
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     octave, int8 = tables.FMT_OCTAVE, tables.FMT_INT8
-    assert decode.default_maxnreg(octave, 16, 1, _FakeCudaQ(128)) == decode.OCTAVE_MAXNREG
-    assert decode.default_maxnreg(octave, 16, 1, _FakeCudaQ(256)) == decode.OCTAVE_MAXNREG
-    assert decode.default_maxnreg(int8, 16, 1, _FakeCudaQ(128)) is None  # int8 measured slower with the cap
-    assert decode.default_maxnreg(octave, 32, 4, _FakeCudaQ(128)) is None  # chain verify: not measured
-    assert decode.default_maxnreg(octave, 16, 4, _FakeCudaQ(128)) is None
-    assert decode.default_maxnreg(octave, 16, 1, _FakeCudaQ(64)) is None
-    assert decode.default_maxnreg(octave, 16, 1, torch.zeros(8, 64, 128)) is None  # CPU tensors
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
-    assert decode.default_maxnreg(octave, 16, 1, _FakeCudaQ(128)) is None  # before sm_90: not measured
-    monkeypatch.setattr(torch.version, "hip", "6.2")
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (11, 0))
-    assert decode.default_maxnreg(octave, 16, 1, _FakeCudaQ(128)) is None  # maxnreg is a CUDA option
+    assert decode.default_maxnreg(octave, 16, 1, 128, H200) == decode.OCTAVE_MAXNREG
+    assert decode.default_maxnreg(octave, 16, 1, 256, H200) == decode.OCTAVE_MAXNREG
+    assert decode.default_maxnreg(int8, 16, 1, 128, H200) is None  # int8 measured slower with the cap
+    assert decode.default_maxnreg(octave, 32, 4, 128, H200) is None  # chain verify: not measured
+    assert decode.default_maxnreg(octave, 16, 4, 128, H200) is None
+    assert decode.default_maxnreg(octave, 16, 1, 64, H200) is None
+    assert decode.default_maxnreg(octave, 16, 1, 128, CPU) is None  # CPU tensors
+    assert decode.default_maxnreg(octave, 16, 1, 128, INTERPRETED_GPU) is None
+    assert decode.default_maxnreg(octave, 16, 1, 128, A3090) is None  # before sm_90: not measured
+    assert decode.default_maxnreg(octave, 16, 1, 128, RDNA3) is None  # maxnreg is a CUDA option
 
 
-def test_launch_table_only_where_it_was_measured(monkeypatch):
-    import torch
-
+def test_launch_table_only_where_it_was_measured():
     from sglang_ext.kernels import decode
     from sglang_ext.kvformats import get_format
 
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(
-        multi_processor_count=132))
-    monkeypatch.setattr(decode._decode_stage1, "warmup", lambda *a, **k: None, raising=False)
     octave = get_format("octave_k3v3", 128)  # 1 warp a program
     full = 8 * 8 * 16  # batch 8 x 8 KV heads x 16 splits: the measured grid
-    assert decode.default_launch(octave, 8, 1, _FakeCudaQ(128), full) == decode.DEFAULT_LAUNCH[("octave_k3v3", 128)]
-    assert decode.default_launch(get_format("int8", 256), 4, 1, _FakeCudaQ(256), 8 * 4 * 16)["kv_a"] is True
-    small = decode.default_launch(octave, 8, 1, _FakeCudaQ(128), 1 * 8 * 16)  # batch 1: 1 warp per SM at most
+    assert decode.default_launch(octave, 8, 1, H200, full) == decode.DEFAULT_LAUNCH[("octave_k3v3", 128)]
+    assert decode.default_launch(get_format("int8", 256), 4, 1, H200, 8 * 4 * 16)["kv_a"] is True
+    small = decode.default_launch(octave, 8, 1, H200, 1 * 8 * 16)  # batch 1: 1 warp per SM at most
     assert small == {**decode.DEFAULT_LAUNCH[("octave_k3v3", 128)], "num_warps": 4, "block_n": 128}
     int8 = get_format("int8", 128)  # its entry pipelines 2 deep; the small-grid launch keeps Triton's default
-    assert decode.default_launch(int8, 8, 1, _FakeCudaQ(128), full)["num_stages"] == 2
-    assert "num_stages" not in decode.default_launch(int8, 8, 1, _FakeCudaQ(128), 1 * 8 * 16)
-    assert decode.default_launch(octave, 16, 1, _FakeCudaQ(128), full) == {}  # groups over 8: not measured
-    assert decode.default_launch(octave, 8, 4, _FakeCudaQ(128), full) == {}  # chain verify: not measured
-    assert decode.default_launch(get_format("bf16", 128), 8, 1, _FakeCudaQ(128), full) == {}
-    assert decode.default_launch(get_format("int8", 64), 8, 1, _FakeCudaQ(64), full) == {}
-    assert decode.default_launch(octave, 8, 1, torch.zeros(8, 64, 128), full) == {}  # CPU tensors
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
-    assert decode.default_launch(octave, 8, 1, _FakeCudaQ(128), full) == {}  # before sm_90: not measured
-    monkeypatch.setattr(torch.version, "hip", "6.2")
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (11, 0))
-    assert decode.default_launch(octave, 8, 1, _FakeCudaQ(128), full) == {}
+    assert decode.default_launch(int8, 8, 1, H200, full)["num_stages"] == 2
+    assert "num_stages" not in decode.default_launch(int8, 8, 1, H200, 1 * 8 * 16)
+    assert decode.default_launch(octave, 16, 1, H200, full) == {}  # groups over 8: not measured
+    assert decode.default_launch(octave, 8, 4, H200, full) == {}  # chain verify: not measured
+    assert decode.default_launch(get_format("bf16", 128), 8, 1, H200, full) == {}
+    assert decode.default_launch(get_format("int8", 64), 8, 1, H200, full) == {}
+    assert decode.default_launch(octave, 8, 1, CPU, full) == {}  # CPU tensors
+    assert decode.default_launch(octave, 8, 1, INTERPRETED_GPU, full) == {}
+    assert decode.default_launch(octave, 8, 1, A3090, full) == {}  # before sm_90: not measured
+    assert decode.default_launch(octave, 8, 1, RDNA3, full) == {}
 
 
 def test_mma_split_rule_takes_the_measured_counts():

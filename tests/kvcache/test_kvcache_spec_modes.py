@@ -249,7 +249,7 @@ def test_chain_verify_bitwise_equals_decode_in_batch_invariant_mode(name, batch_
 def test_triton_backend_verify_takes_the_decode_kernel(name, monkeypatch):
     # The GPU backend's target verify, run here under the Triton interpreter with a fake self: a chain batch
     # (topk 1) and a tree batch (topk 2, SGLang's custom mask turned into the decode kernel's tree mask) go
-    # through decode_attention with q_len tokens per request; a batch whose spec_info has no topk (NGRAM) through
+    # through the decode kernel (plan_batch's plan, run_decode) with q_len tokens per request; a batch whose spec_info has no topk (NGRAM) through
     # the extend kernel with the custom mask. Each gives the reference's output for its mask.
     from sglang_ext import kernels
     from sglang_ext.kernels import decode as decode_mod
@@ -286,14 +286,13 @@ def test_triton_backend_verify_takes_the_decode_kernel(name, monkeypatch):
                                               new_slots=draft_slots) for m in (chain, tree)}
     assert (refs[id(chain)] - refs[id(tree)]).abs().max() > 1e-3, "the tree equals the chain: the test could not fail"
     calls = []
-    real_decode = decode_mod.decode_attention
-    monkeypatch.setattr(decode_mod, "decode_attention",
-                        lambda *a, **kw: calls.append(kw.get("q_len")) or real_decode(*a, **kw))
-    monkeypatch.setattr(kernels, "decode_attention", decode_mod.decode_attention)
+    real_run = decode_mod.run_decode
+    monkeypatch.setattr(decode_mod, "run_decode", lambda plan, *a, **kw: calls.append(plan.q_len) or real_run(plan, *a, **kw))
     for topk, drafts, expect in ((1, chain, [n]), (2, tree, [n]), (None, tree, [])):
         backend = object.__new__(triton_backend.CompressedTritonAttnBackend)
         backend.kv_pool, backend.kv_format, backend._checked_layers = pool, fmt, {0}
         backend.max_kv_splits, backend.page_size, backend._tree = 4, 1, None
+        backend.num_head, backend.num_kv_head, backend._q_dtype = H_KV * GROUP, H_KV, torch.float32
         backend._store = lambda layer, fb, k3, v3: kernels.store_kv(fmt, planes, fb.out_cache_loc, k3, v3)
         backend.forward_metadata = SimpleNamespace(kv_indptr=kv_indptr, kv_indices=prefix_slots, qo_indptr=qo_indptr,
                                                    custom_mask=flat(drafts), mask_indptr=mask_indptr, max_extend_len=n)
@@ -302,6 +301,7 @@ def test_triton_backend_verify_takes_the_decode_kernel(name, monkeypatch):
             spec.topk = topk
         batch = SimpleNamespace(forward_mode=compat.ForwardMode.TARGET_VERIFY, out_cache_loc=draft_slots,
                                 spec_info=spec, batch_size=len(prefix))
+        backend._decode_plan = backend.plan_batch(batch, sum(prefix))
         calls.clear()
         o = backend.forward_extend(q, k, v, LAYER, batch)
         assert calls == expect, (topk, calls)
