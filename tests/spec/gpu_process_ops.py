@@ -12,6 +12,7 @@ the hooks, and SGLang's real EAGLE / NGRAM helpers run on CPU tensors (Triton ke
   build_tree      eagle_utils.build_tree_kernel_efficient     vs SGLang's Triton tree build (its XPU path)
   verify_greedy   eagle_utils.eagle_sample, greedy batch       vs SGLang's Triton greedy verify (its XPU path)
   tree_sampling   eagle_utils.eagle_sample, top-k sampling     vs the torch ops (verify_ops: the spec), same coins
+  DFlash          dflash_utils binds the same ops and sees sampling verify available where tree sampling is ours
   reconstruct     reconstruct_tree.reconstruct_indices_from_tree_mask_func (what ngram_worker imports; importing the
                   worker itself pulls in the scheduler and sgl_kernel) vs SGLang's Triton version (XPU path)
 
@@ -39,11 +40,12 @@ import sglang.srt.mem_cache.kv_cache_configurator  # noqa: E402,F401
 import sglang.srt.mem_cache.pool_host.mha  # noqa: E402,F401
 import sglang.srt.mem_cache.pool_host.unified  # noqa: E402,F401
 import sglang.srt.model_executor.model_runner_components.attention_backend_setup  # noqa: E402,F401
+import sglang.srt.layers.sampler  # noqa: E402,F401
 import sglang.srt.utils.common as sglang_utils  # noqa: E402
 
 SPEC_PATH = ("sglang.kernels.ops.speculative.spec_tree", "sglang.kernels.ops.speculative.verify_sampling",
              "sglang.kernels.ops.speculative.reconstruct_tree", "sglang.kernels.ops.sampling.renorm",
-             "sglang.srt.speculative.eagle_utils")
+             "sglang.srt.speculative.eagle_utils", "sglang.srt.speculative.dflash_utils")
 early = [m for m in SPEC_PATH if m in sys.modules]
 assert not early, f"speculative modules imported before the device fake: {early}"
 
@@ -79,7 +81,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput  # noqa: E4
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode  # noqa: E402
 from sglang.srt.runtime_context import _CONTEXT, get_parallel  # noqa: E402
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo  # noqa: E402
-from sglang.srt.speculative import eagle_utils  # noqa: E402
+from sglang.srt.speculative import dflash_utils, eagle_utils  # noqa: E402
 from sglang.srt.speculative.eagle_info import EagleVerifyInput  # noqa: E402
 
 from sglang_ext import compat, env  # noqa: E402
@@ -121,8 +123,10 @@ bindings = {
     "build_tree": [(eagle_utils, "build_tree_kernel_efficient_func")],
     "verify_greedy": [(eagle_utils, "verify_tree_greedy_func")],
     "reconstruct": [(reconstruct_tree, compat.SPEC_RECONSTRUCT_TREE_FN)],
-    "tree_sampling": [(eagle_utils, "tree_speculative_sampling_target_only")],
-    "renorm": [(eagle_utils, "top_k_renorm_prob"), (eagle_utils, "top_p_renorm_prob")],
+    "tree_sampling": [(eagle_utils, "tree_speculative_sampling_target_only"),
+                      (dflash_utils, "tree_speculative_sampling_target_only")],
+    "renorm": [(eagle_utils, "top_k_renorm_prob"), (eagle_utils, "top_p_renorm_prob"),
+               (dflash_utils, "top_k_renorm_prob"), (dflash_utils, "top_p_renorm_prob")],
 }
 for op, where in bindings.items():
     for module, name in where:
@@ -135,6 +139,9 @@ checked.append("bindings")
 lift = eagle_utils._verify_uses_greedy(is_all_greedy=False, is_cpu=False, is_hip=True, is_xpu=False,
                                        use_rejection_sampling=False)
 assert lift == (gpu_plan.LIFT_HIP_GREEDY not in PLAN), f"_verify_uses_greedy on HIP, non-greedy batch: {lift}"
+# DFlash decides at import whether it can verify by sampling (SGLang alone: not on HIP)
+dflash_sampling = dflash_utils.is_dflash_sampling_verify_available()
+assert dflash_sampling == (PLATFORM == "cuda" or "tree_sampling" in PLAN), f"DFlash sampling verify: {dflash_sampling}"
 
 # --- a draft tree: batch of 2, topk 2, 3 steps, 4 verified tokens ----------------------------------------------
 BS, TOPK, STEPS, NV, VOCAB = 2, 2, 3, 4, 48
