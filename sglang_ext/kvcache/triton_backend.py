@@ -18,6 +18,8 @@ Only compile-checked on this project's CPU CI; the kernels themselves are tested
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from sglang_ext import compat
@@ -29,10 +31,24 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
     """TritonAttnBackend for `CompressedMHATokenToKVPool`: decode, extend, mixed, target verify, draft extend."""
 
     def __init__(self, model_runner, *args, **kwargs):
-        super().__init__(model_runner, *args, **kwargs)
-        pool = self.token_to_kv_pool
+        """TritonAttnBackend's constructor over the compressed pool `model_runner.token_to_kv_pool`.
+
+        SGLang's constructor learns the value head size of a non-hybrid model from
+        `token_to_kv_pool.get_value_buffer(start_layer).shape[-1]`, a dense [slots, H, Dv] buffer this pool does
+        not have (it refuses dense reads so that nothing can attend to raw plane bytes). For the duration of that
+        constructor only, the pool answers `get_value_buffer` with a shape-only tensor on the meta device (no
+        storage: reading its values raises); afterwards it refuses again, and the size SGLang took is checked
+        against the pool's. This is narrower than a hook on TritonAttnBackend.__init__ (which would also reach
+        dense pools) and leaves SGLang's constructor, and so the GPU path, running as written.
+        """
+        pool = model_runner.token_to_kv_pool
         if not isinstance(pool, CompressedMHATokenToKVPool):
             raise TypeError(f"{type(self).__name__} needs a CompressedMHATokenToKVPool, got {type(pool).__name__}")
+        with value_buffer_shape_only(pool):
+            super().__init__(model_runner, *args, **kwargs)
+        if self.v_head_dim != pool.v_head_dim:
+            raise RuntimeError(f"TritonAttnBackend took v_head_dim {self.v_head_dim}, the {pool.kv_format.name} "
+                               f"pool holds {pool.v_head_dim}")
         if self.dcp_size > 1 or self.use_mla or self.enable_deterministic:
             raise ValueError(
                 f"--kv-cache-dtype {pool.kv_format.name} on triton supports MHA/GQA without decode context "
@@ -192,6 +208,22 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
             **kwargs,
         )
         return o
+
+
+@contextmanager
+def value_buffer_shape_only(pool: CompressedMHATokenToKVPool):
+    """Within the block, `pool.get_value_buffer(layer_id)` returns a meta tensor of the dense buffer's shape
+    [size + page_size, head_num, v_head_dim]; the pool's own refusal is back on exit (also on an exception)."""
+
+    def shape_only(layer_id: int) -> torch.Tensor:
+        return torch.empty((pool.size + pool.page_size, pool.head_num, pool.v_head_dim), dtype=pool.dtype,
+                           device="meta")
+
+    pool.get_value_buffer = shape_only
+    try:
+        yield
+    finally:
+        del pool.get_value_buffer
 
 
 def host_seq_lens_sum(forward_batch) -> int | None:
