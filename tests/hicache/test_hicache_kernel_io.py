@@ -145,7 +145,9 @@ def test_server_moves_host_pages_through_the_kernel(server_pool):
     details = again["meta_info"].get("cached_tokens_details") or {}
     # the whole device hit came back from host, through the kernel, to the same greedy tokens
     assert details.get("host", 0) == device_hit, (details, warm["meta_info"])
+    assert again["meta_info"]["cached_tokens"] == device_hit, again["meta_info"]
     assert again["output_ids"] == warm["output_ids"], (again["text"], warm["text"])
     log = server.log_text()
-    assert KERNEL_LINE in log, [line for line in log.splitlines() if "hicache-io-backend" in line]
+    chosen = [line for line in log.splitlines() if "--hicache-io-backend kernel moves pages" in line]
+    assert chosen and all(KERNEL_LINE in line for line in chosen), chosen
     print(f"kernel io, octave_k3v4 page_first: device hit {device_hit}, host hit {details}")
