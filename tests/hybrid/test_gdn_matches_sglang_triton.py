@@ -100,3 +100,17 @@ def test_gdn_gating():
     g2, beta2 = gating.fused_gdn_gating(A_log, a, b, dt_bias)
     assert g1.shape == g2.shape and g1.dtype == g2.dtype
     assert ((g1 - g2).abs() / (1 + g1.abs())).max().item() < 1e-6 and _close(beta1, beta2, 1e-6)
+
+
+def test_shared_expert_gate():
+    from sglang.kernels.ops.elementwise.elementwise import fused_gate_sigmoid_mul_add
+
+    from sglang_ext.hybrid.ops.shared_expert_gate import fused_gate_sigmoid_mul_add as torch_op
+
+    gen = torch.Generator().manual_seed(3)
+    hidden, weight = torch.randn(5, 64, generator=gen), torch.randn(64, generator=gen) * 0.2
+    shared, routed = torch.randn(5, 64, generator=gen), torch.randn(5, 64, generator=gen)
+    out1, out2 = routed.clone(), routed.clone()
+    fused_gate_sigmoid_mul_add(hidden, weight, shared, out1)
+    torch_op(hidden, weight, shared, out2)
+    assert _close(out1, out2, 1e-6)

@@ -108,3 +108,18 @@ def test_ops_are_core_without_sglang():
             "print(sorted(m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+def test_shared_expert_gate(dtype, tol):
+    from sglang_ext.hybrid.ops.shared_expert_gate import fused_gate_sigmoid_mul, fused_gate_sigmoid_mul_add
+
+    hidden, weight = _randn(3, 16, seed=16, dtype=dtype), _randn(16, seed=17, dtype=dtype) * 0.3
+    shared, routed = _randn(3, 16, seed=18, dtype=dtype), _randn(3, 16, seed=19, dtype=dtype)
+    expected = routed.to(D).clone()
+    for t in range(3):
+        gate = 1 / (1 + torch.exp(-(hidden[t].to(D) * weight.to(D)).sum()))
+        expected[t] += gate * shared[t].to(D)
+    assert (fused_gate_sigmoid_mul(hidden, weight, shared).to(D) - (expected - routed.to(D))).abs().max() < tol
+    fused_gate_sigmoid_mul_add(hidden, weight, shared, routed)
+    assert (routed.to(D) - expected).abs().max().item() < tol, "in place into the routed output"

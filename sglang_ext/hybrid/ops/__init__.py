@@ -13,6 +13,7 @@ that these ops do not implement raise `UnsupportedGdnOption` with one line namin
     gating.fused_gdn_gating
     gated_rmsnorm.rms_norm_gated / gated_rmsnorm.fused_sigmoid_mul
     qkvzba_split.fused_qkvzba_split_reshape_cat(_contiguous)
+    shared_expert_gate.fused_gate_sigmoid_mul(_add)     the gated shared expert of Qwen MoE layers
 """
 
 from sglang_ext.hybrid.ops.errors import UnsupportedGdnOption
