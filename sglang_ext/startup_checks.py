@@ -7,7 +7,7 @@ weights, tokenizer or hub lookup is touched.
 import sys
 from pathlib import Path
 
-from sglang_ext import compat
+from sglang_ext import compat, hook_chain
 
 
 class StartupError(SystemExit):
@@ -38,5 +38,5 @@ def _before_resolve(server_args, *args, **kwargs):
 
 
 def register() -> list[str]:
-    compat.HookRegistry.register(compat.HOOK_SERVER_ARGS_RESOLVE, _before_resolve, compat.HookType.BEFORE)
+    hook_chain.register(compat.HOOK_SERVER_ARGS_RESOLVE, _before_resolve, compat.HookType.BEFORE)
     return ["start-up checks"]

@@ -16,7 +16,7 @@ import hashlib
 import logging
 import time
 
-from sglang_ext import compat
+from sglang_ext import compat, hook_chain
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +101,6 @@ def _create_backend(original, cls, backend_name, storage_config, mem_pool_host, 
 
 
 def register() -> list[str]:
-    compat.HookRegistry.register(compat.HOOK_GET_MHA_HOST_POOL_CLS, _host_pool_cls, compat.HookType.AFTER)
-    compat.HookRegistry.register(compat.HOOK_CREATE_STORAGE_BACKEND, _create_backend, compat.HookType.AROUND)
+    hook_chain.register(compat.HOOK_GET_MHA_HOST_POOL_CLS, _host_pool_cls, compat.HookType.AFTER)
+    hook_chain.register(compat.HOOK_CREATE_STORAGE_BACKEND, _create_backend, compat.HookType.AROUND)
     return ["hicache compressed host tier + verified storage pages"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_ext import compat
+from sglang_ext import compat, hook_chain
 from sglang_ext.kvcache.formats import KV_CACHE_DTYPES, SUPPORTED_ATTENTION_BACKENDS, is_compressed_kv_dtype
 
 _T_ADD_CLI_ARGS = compat.HOOK_SERVER_ARGS_ADD_CLI_ARGS
@@ -132,10 +132,10 @@ def _build_attention_backend(original, *args, **kwargs):
 
 def register() -> list[str]:
     """Register the hooks (HookRegistry applies them after all plugins ran). Returns what was registered."""
-    compat.HookRegistry.register(_T_ADD_CLI_ARGS, _extend_kv_cache_dtype_flag, compat.HookType.AFTER)
-    compat.HookRegistry.register(_T_CONFIGURE_DTYPE, _configure_kv_cache_dtype, compat.HookType.AROUND)
-    compat.HookRegistry.register(_T_CONFIGURE_POOLS, _check_before_configure, compat.HookType.BEFORE)
-    compat.HookRegistry.register(_T_CELL_SIZE, _compute_cell_size, compat.HookType.AROUND)
-    compat.HookRegistry.register(_T_BUILD_MHA_POOL, _build_mha_kv_pool, compat.HookType.AROUND)
-    compat.HookRegistry.register(_T_BUILD_ATTENTION, _build_attention_backend, compat.HookType.AROUND)
+    hook_chain.register(_T_ADD_CLI_ARGS, _extend_kv_cache_dtype_flag, compat.HookType.AFTER)
+    hook_chain.register(_T_CONFIGURE_DTYPE, _configure_kv_cache_dtype, compat.HookType.AROUND)
+    hook_chain.register(_T_CONFIGURE_POOLS, _check_before_configure, compat.HookType.BEFORE)
+    hook_chain.register(_T_CELL_SIZE, _compute_cell_size, compat.HookType.AROUND)
+    hook_chain.register(_T_BUILD_MHA_POOL, _build_mha_kv_pool, compat.HookType.AROUND)
+    hook_chain.register(_T_BUILD_ATTENTION, _build_attention_backend, compat.HookType.AROUND)
     return [f"kv-cache-dtype {'/'.join(KV_CACHE_DTYPES)}"]

@@ -4,7 +4,7 @@ They are registered only when the portable CPU platform is the one that activate
 GPU host nothing here touches SGLang.
 """
 
-from sglang_ext import compat
+from sglang_ext import compat, hook_chain
 from sglang_ext.platform import activate, batch_invariant
 from sglang_ext.platform.host_pool import host_pool_cls_for
 from sglang_ext.platform.memory import HICACHE_HOST_RESERVE_BYTES
@@ -15,26 +15,26 @@ from sglang_ext.platform.seeded_sampling import murmur_hash32
 def register() -> list[str]:
     if activate() is None:
         return []
-    compat.HookRegistry.register(compat.HOOK_GET_MHA_HOST_POOL_CLS, host_pool_cls_for, compat.HookType.AROUND)
+    hook_chain.register(compat.HOOK_GET_MHA_HOST_POOL_CLS, host_pool_cls_for, compat.HookType.AROUND)
     compat.set_hicache_host_memory_reserve(HICACHE_HOST_RESERVE_BYTES)
-    compat.HookRegistry.register(compat.HOOK_TORCH_NATIVE_SDPA_EXTEND, run_sdpa_forward_extend, compat.HookType.AROUND)
-    compat.HookRegistry.register(compat.HOOK_MURMUR_HASH32, murmur_hash32, compat.HookType.REPLACE)
+    hook_chain.register(compat.HOOK_TORCH_NATIVE_SDPA_EXTEND, run_sdpa_forward_extend, compat.HookType.AROUND)
+    hook_chain.register(compat.HOOK_MURMUR_HASH32, murmur_hash32, compat.HookType.REPLACE)
     registered = ["platform portable_cpu", "cpu hicache host pool (layer_first, page_first, page_first_direct)",
                   "torch_native extend over a cached prefix attends the new rows only",
                   "per-request sampling_seed (MurmurHash3 in torch)"]
     # --enable-deterministic-inference (batch_invariant.py). The per-step hooks are installed only in the processes
     # of a server started with the flag (the launcher exports it), so the default path runs no extra code.
     compat.add_deterministic_attention_backend_choices(["torch_native"])
-    compat.HookRegistry.register(compat.HOOK_SERVER_ARGS_FROM_CLI_ARGS, batch_invariant.export_flag,
-                                 compat.HookType.AFTER)
-    compat.HookRegistry.register(compat.HOOK_ENABLE_BATCH_INVARIANT_MODE, batch_invariant.enable_for_runner,
-                                 compat.HookType.REPLACE)
+    hook_chain.register(compat.HOOK_SERVER_ARGS_FROM_CLI_ARGS, batch_invariant.export_flag,
+                        compat.HookType.AFTER)
+    hook_chain.register(compat.HOOK_ENABLE_BATCH_INVARIANT_MODE, batch_invariant.enable_for_runner,
+                        compat.HookType.REPLACE)
     if batch_invariant.hooks_wanted():
-        compat.HookRegistry.register(compat.HOOK_MODEL_RUNNER_FORWARD, batch_invariant.model_runner_forward,
-                                     compat.HookType.AROUND)
-        compat.HookRegistry.register(compat.HOOK_UNQUANTIZED_LINEAR_APPLY, batch_invariant.linear_apply,
-                                     compat.HookType.AROUND)
-        compat.HookRegistry.register(compat.HOOK_LOGITS_COMPUTE_LM_HEAD, batch_invariant.compute_lm_head,
-                                     compat.HookType.AROUND)
+        hook_chain.register(compat.HOOK_MODEL_RUNNER_FORWARD, batch_invariant.model_runner_forward,
+                            compat.HookType.AROUND)
+        hook_chain.register(compat.HOOK_UNQUANTIZED_LINEAR_APPLY, batch_invariant.linear_apply,
+                            compat.HookType.AROUND)
+        hook_chain.register(compat.HOOK_LOGITS_COMPUTE_LM_HEAD, batch_invariant.compute_lm_head,
+                            compat.HookType.AROUND)
         registered.append("batch-invariant mode (--enable-deterministic-inference)")
     return registered

@@ -23,7 +23,7 @@ import typing
 import torch
 from torch import nn
 
-from sglang_ext import compat, env
+from sglang_ext import compat, env, hook_chain
 from sglang_ext.import_patch import after_import
 from sglang_ext.ple.layout import PleTableError, TableLayout, TensorEntry, index_safetensors_dir
 from sglang_ext.ple.qwen4_table import qwen4_table_layout
@@ -44,11 +44,11 @@ def register() -> list[str]:
     _add_backend_choice()
     after_import(compat.QWEN4_MODULE, _patch_qwen4)
     after_import(compat.GEMMA3N_MODULE, _patch_gemma3n)
-    compat.HookRegistry.register(compat.HOOK_UPDATE_INTERMEDIATE_SIZE, _pad_list_intermediate_size,
-                                 compat.HookType.AROUND)
+    hook_chain.register(compat.HOOK_UPDATE_INTERMEDIATE_SIZE, _pad_list_intermediate_size,
+                        compat.HookType.AROUND)
     for method in ("forward_extend", "forward_decode"):
-        compat.HookRegistry.register(f"{compat.TORCH_NATIVE_ATTN_BACKEND}.{method}", _flat_q,
-                                     compat.HookType.AROUND)
+        hook_chain.register(f"{compat.TORCH_NATIVE_ATTN_BACKEND}.{method}", _flat_q,
+                            compat.HookType.AROUND)
     return [f"--ple-offload-backend {BACKEND} (qwen4_exp, gemma3n)", "gemma3n on the cpu platform"]
 
 

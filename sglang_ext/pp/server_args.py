@@ -23,7 +23,7 @@ from .model_shape import ModelShape
 from .partition import PartitionError, check_partition, default_partition, format_partition, parse_partition
 from .planner import PlanOptions, evaluate_default, plan_partition
 
-from sglang_ext import compat
+from sglang_ext import compat, hook_chain
 
 HOOK_ADD_CLI_ARGS = compat.HOOK_SERVER_ARGS_ADD_CLI_ARGS
 HOOK_FROM_CLI_ARGS = compat.HOOK_SERVER_ARGS_FROM_CLI_ARGS
@@ -43,8 +43,8 @@ def register() -> list[str]:
     global _registered
     if _registered:
         return []
-    compat.HookRegistry.register(HOOK_ADD_CLI_ARGS, _add_flag, compat.HookType.AFTER)
-    compat.HookRegistry.register(HOOK_FROM_CLI_ARGS, _apply_flag, compat.HookType.AFTER)
+    hook_chain.register(HOOK_ADD_CLI_ARGS, _add_flag, compat.HookType.AFTER)
+    hook_chain.register(HOOK_FROM_CLI_ARGS, _apply_flag, compat.HookType.AFTER)
     _registered = True
     return [FLAG]
 

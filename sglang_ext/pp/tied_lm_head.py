@@ -17,7 +17,7 @@ import importlib
 import multiprocessing
 from typing import Any, Callable, Iterable
 
-from sglang_ext import compat
+from sglang_ext import compat, hook_chain
 
 LLAMA_MODULE = compat.LLAMA_MODULE
 HOOK_INIT = compat.HOOK_LLAMA_INIT
@@ -35,8 +35,8 @@ def register(launcher_too: bool = False) -> list[str]:
     global _registered
     if _registered or (multiprocessing.parent_process() is None and not launcher_too):
         return []
-    compat.HookRegistry.register(HOOK_INIT, _after_init, compat.HookType.AFTER)
-    compat.HookRegistry.register(HOOK_LOAD_WEIGHTS, _around_load_weights, compat.HookType.AROUND)
+    hook_chain.register(HOOK_INIT, _after_init, compat.HookType.AFTER)
+    hook_chain.register(HOOK_LOAD_WEIGHTS, _around_load_weights, compat.HookType.AROUND)
     _registered = True
     return ["tied lm_head under PP (Llama family)"]
 

@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Any
 
-from sglang_ext import compat, env
+from sglang_ext import compat, env, hook_chain
 from sglang_ext.sessions.policy import RetentionConfigError, parse_retention_seconds
 from sglang_ext.sessions.radix_cache import BACKEND_NAME, LOG_PREFIX
 
@@ -66,5 +66,5 @@ def apply_flag(_result: Any, _cls: type, args: argparse.Namespace) -> None:
 
 
 def register_hooks() -> None:
-    compat.HookRegistry.register(compat.HOOK_SERVER_ARGS_ADD_CLI_ARGS, add_flag, compat.HookType.AFTER)
-    compat.HookRegistry.register(compat.HOOK_SERVER_ARGS_FROM_CLI_ARGS, apply_flag, compat.HookType.AFTER)
+    hook_chain.register(compat.HOOK_SERVER_ARGS_ADD_CLI_ARGS, add_flag, compat.HookType.AFTER)
+    hook_chain.register(compat.HOOK_SERVER_ARGS_FROM_CLI_ARGS, apply_flag, compat.HookType.AFTER)

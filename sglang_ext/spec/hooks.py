@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from sglang_ext import compat, env
+from sglang_ext import compat, env, hook_chain
 from sglang_ext.platform import activate
 from sglang_ext.spec import adapters, eagle_ops, gpu_plan
 from sglang_ext.spec.draft_backends import add_torch_native, compressed_triton_draft
@@ -95,12 +95,12 @@ def _register_cpu() -> list[str]:
         compat.HOOK_SPEC_CHAIN_SAMPLING: adapters.chain_speculative_sampling_triton,
     }
     for target, fn in replace.items():
-        compat.HookRegistry.register(target, fn, compat.HookType.REPLACE)
+        hook_chain.register(target, fn, compat.HookType.REPLACE)
     for module_name, names in compat.SPEC_EAGLE_HELPERS.items():
         for name in names:
-            compat.HookRegistry.register(f"{module_name}.{name}", getattr(eagle_ops, name), compat.HookType.REPLACE)
-    compat.HookRegistry.register(compat.HOOK_DRAFT_BACKEND_FACTORY_CREATE, add_torch_native, compat.HookType.AROUND)
-    compat.HookRegistry.register(compat.HOOK_TORCH_NATIVE_FORWARD_EXTEND, _forward_extend, compat.HookType.AROUND)
+            hook_chain.register(f"{module_name}.{name}", getattr(eagle_ops, name), compat.HookType.REPLACE)
+    hook_chain.register(compat.HOOK_DRAFT_BACKEND_FACTORY_CREATE, add_torch_native, compat.HookType.AROUND)
+    hook_chain.register(compat.HOOK_TORCH_NATIVE_FORWARD_EXTEND, _forward_extend, compat.HookType.AROUND)
     reconstruct = impls[compat.SPEC_RECONSTRUCT_TREE_FN]
     provide_module(compat.SPEC_RECONSTRUCT_TREE_MODULE, _provide_reconstruct_tree(reconstruct))
     _patch_attrs(compat.SPEC_NONE_ATTRS, impls, require_none=True)
@@ -115,11 +115,11 @@ def gpu_platform() -> str | None:
 
 
 def install_gpu(chosen: dict[str, str], registry=None, patch=None) -> adapters.SpecAdapters | None:
-    """Register the ops of a gpu_plan.plan() result (Triton adapters) with the registry (HookRegistry by default)
+    """Register the ops of a gpu_plan.plan() result (Triton adapters) with the registry (hook_chain by default)
     and the import patcher (after_import by default). Returns the adapters installed, None when nothing was."""
     if not chosen:
         return None
-    registry = registry or compat.HookRegistry
+    registry = registry or hook_chain
     patch = patch or after_import
     installed = adapters.SpecAdapters(adapters.triton_ops())
     impls = installed.functions
@@ -153,8 +153,8 @@ def register() -> list[str]:
         return []
     _registered = True
     # Independent of the ops plan below: without it NEXTN over a compressed pool cannot draft on a GPU.
-    compat.HookRegistry.register(compat.HOOK_DRAFT_BACKEND_FACTORY_CREATE, compressed_triton_draft,
-                                 compat.HookType.AROUND)
+    hook_chain.register(compat.HOOK_DRAFT_BACKEND_FACTORY_CREATE, compressed_triton_draft,
+                        compat.HookType.AROUND)
     mode = os.environ.get(env.SPEC_GPU_OPS, "auto")
     flashinfer = importlib.util.find_spec(compat.FLASHINFER_MODULE) is not None
     chosen = gpu_plan.plan(platform, mode, flashinfer)

@@ -175,7 +175,7 @@ def test_register_reads_the_env_switch(monkeypatch):
         monkeypatch.setattr(hooks, "_registered", False)
         monkeypatch.setattr(hooks, "activate", lambda: None)
         monkeypatch.setattr(hooks, "gpu_platform", lambda p=platform: p)
-        monkeypatch.setattr(compat, "HookRegistry", registry)
+        monkeypatch.setattr(hooks, "hook_chain", registry)  # what register() registers through
         monkeypatch.setattr(hooks, "after_import", patcher)
         monkeypatch.setenv(env.SPEC_GPU_OPS, mode)
         lines = hooks.register()
