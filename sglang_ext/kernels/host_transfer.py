@@ -14,21 +14,12 @@ started with TRITON_INTERPRET=1 moves its pages through this kernel on CPU tenso
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 _WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
-# triton.jit reads TRITON_INTERPRET when the kernel below is defined: fixed for the process from here on.
-_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def runs_on_cpu_tensors() -> bool:
-    """Whether this process runs the copy kernel under Triton's interpreter, i.e. on CPU tensors (TRITON_INTERPRET
-    was set when this module was imported). Without it the kernel needs GPU device planes."""
-    return _INTERPRETED
 
 
 @triton.jit
@@ -47,6 +38,12 @@ def _copy_rows_kernel(src_ptr, dst_ptr, src_idx_ptr, dst_idx_ptr, n_rows,
         m = live[:, None] & (w < ROW_WORDS)[None, :]
         x = tl.load(src_ptr + src_off[:, None] + w[None, :], mask=m)
         tl.store(dst_ptr + dst_off[:, None] + w[None, :], x, mask=m)
+
+
+def runs_on_cpu_tensors() -> bool:
+    """Whether the copy kernel runs under Triton's interpreter, i.e. on CPU tensors (triton.jit chose the
+    interpreter because TRITON_INTERPRET was set when this module was imported). Otherwise it needs GPU planes."""
+    return isinstance(_copy_rows_kernel, InterpretedFunction)
 
 
 def word_dtype(*byte_counts: int) -> torch.dtype:
