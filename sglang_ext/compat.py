@@ -222,6 +222,126 @@ HOOK_DRAFT_BACKEND_FACTORY_CREATE = "sglang.srt.speculative.draft_utils.DraftBac
 _LAZY["TritonMultiStepDraftBackend"] = "sglang.srt.layers.attention.triton_backend:TritonMultiStepDraftBackend"
 _LAZY["TorchNativeAttnBackend"] = "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend"
 _LAZY["KVWriteLoc"] = "sglang.srt.mem_cache.memory_pool:KVWriteLoc"
+# --- call signatures our hooks were written for (checked by tests/test_compat.py with inspect.signature) ---------
+# Every SGLang function sglang-ext hooks, replaces or patches at import, as inspect.signature shows it on the
+# module or class (a classmethod / staticmethod without cls), annotations dropped. A SGLang bump that changes one
+# fails the compat test naming it; read the hooks of that target before updating its line.
+_SPEC_EAGLE, _SPEC_TOPK1 = f"{SPEC_OPS_MODULE}.eagle", f"{SPEC_OPS_MODULE}.topk1"
+HOOKED_SIGNATURES = {
+    # start-up checks, CLI flags (kvcache, pp, sessions, batch-invariant export)
+    HOOK_SERVER_ARGS_RESOLVE: "(self)",
+    HOOK_SERVER_ARGS_ADD_CLI_ARGS: "(parser)",
+    HOOK_SERVER_ARGS_FROM_CLI_ARGS: "(args)",
+    # compressed KV (kvcache/hooks.py)
+    HOOK_CONFIGURE_KV_CACHE_DTYPE: (
+        "(*, server_args_kv_cache_dtype, model, model_dtype, is_draft_worker, is_dflash, "
+        "speculative_draft_attention_backend, speculative_draft_kv_cache_dtype=None)"),
+    HOOK_KV_CACHE_CONFIGURE: "(self, *, pre_model_load_memory)",
+    HOOK_POOL_CELL_SIZE: "(self, kvc, num_layers)",
+    HOOK_BUILD_MHA_KV_POOL: "(self, *, max_total_num_tokens, mha_pool_class, quant_method=None)",
+    HOOK_BUILD_FULL_ATTENTION_BACKEND: "(*, model_runner, backend_str, init_new_workspace)",
+    # HiCache (platform/host_pool.py, hicache/hooks.py)
+    HOOK_GET_MHA_HOST_POOL_CLS: "(buffer_info)",
+    HOOK_CREATE_STORAGE_BACKEND: "(backend_name, storage_config, mem_pool_host, **kwargs)",
+    # portable CPU platform: torch_native extend, seeded sampling, batch-invariant mode
+    HOOK_TORCH_NATIVE_SDPA_EXTEND: (
+        "(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, extend_prefix_lens, "
+        "extend_seq_lens, encoder_lens=None, scaling=None, enable_gqa=False, causal=False, is_cross_attn=False, "
+        "sliding_window_size=None)"),
+    HOOK_TORCH_NATIVE_FORWARD_EXTEND: "(self, q, k, v, layer, forward_batch, save_kv_cache=True)",
+    f"{TORCH_NATIVE_ATTN_BACKEND}.forward_decode": "(self, q, k, v, layer, forward_batch, save_kv_cache=True)",
+    HOOK_MURMUR_HASH32: "(seed, positions, col_indices)",
+    HOOK_ENABLE_BATCH_INVARIANT_MODE: "(self)",
+    HOOK_MODEL_RUNNER_FORWARD: (
+        "(self, forward_batch, skip_attn_backend_init=None, pp_proxy_tensors=None, reinit_attn_backend=False, "
+        "split_forward_count=1)"),
+    HOOK_UNQUANTIZED_LINEAR_APPLY: "(self, layer, x, bias=None)",
+    HOOK_LOGITS_COMPUTE_LM_HEAD: "(self, hidden_states, lm_head, embedding_bias=None, *, out=None)",
+    # pipeline parallel: tied lm_head (pp/tied_lm_head.py)
+    HOOK_LLAMA_INIT: "(self, config, quant_config=None, prefix='')",
+    HOOK_LLAMA_LOAD_WEIGHTS: "(self, weights)",
+    # PLE (ple/sglang_glue.py): the hook, and what the import-time patches of qwen4_exp / Gemma 3n replace or wrap
+    HOOK_UPDATE_INTERMEDIATE_SIZE: "(model_config, attr_name, intermediate_padding_size)",
+    f"{QWEN4_MODULE}.{QWEN4_HOST_EMBEDDING}.__init__": "(self, embedding, *, backend='pinned', table_dir=None)",
+    f"{QWEN4_MODULE}.{QWEN4_HOST_EMBEDDING}.gather": "(self, input_ids, out=None)",
+    f"{QWEN4_MODULE}.{QWEN4_TOP_MODEL}.load_weights": "(self, weights)",
+    f"{GEMMA3N_MODULE}.{GEMMA3N_TEXT_MODEL}.__init__": "(self, config, quant_config=None, prefix='')",
+    # speculative decoding (spec/hooks.py): replaced ops
+    HOOK_SPEC_VERIFY_TREE_GREEDY: (
+        "(predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token, "
+        "retrieve_next_sibling, target_predict, topk=-1)"),
+    HOOK_SPEC_BUILD_TREE: (
+        "(parent_list, top_scores_index, seq_lens, tree_mask, positions, retrieve_index, retrieve_next_token, "
+        "retrieve_next_sibling, topk, spec_steps, num_verify_tokens, tree_mask_mode)"),
+    HOOK_SPEC_FILL_FRONT_CACHE_LOC: "(num_front, out_cache_loc, front_out_cache_loc)",
+    HOOK_SPEC_ASSIGN_DRAFT_CACHE_LOCS: (
+        "(req_pool_indices, req_to_token, seq_lens, out_cache_loc, topk, num_cols, positions=None, mrope=None)"),
+    HOOK_SPEC_FILL_ACCEPT_CACHE_LOC: "(accept_index, out_cache_loc, accept_out_cache_loc, size)",
+    HOOK_SPEC_FILL_BONUS_TOKENS: "(accept_tokens, accept_lens, bonus_tokens, accept_stride, batch_size)",
+    HOOK_SPEC_CHAIN_SAMPLING: (
+        "(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token, "
+        "retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs, "
+        "threshold_single, threshold_acc, deterministic, *, block_verification=False)"),
+    HOOK_SPEC_ASSIGN_REQ_TO_TOKEN: (
+        "(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, batch_size)"),
+    HOOK_MHA_POOL_INIT_KV_COPY: "(self)",
+    HOOK_DRAFT_BACKEND_FACTORY_CREATE: "(self, backend_name, backend_map, error_template, stamps_children=False)",
+    HOOK_SPEC_VERIFY_USES_GREEDY: "(*, is_all_greedy, is_cpu, is_hip, is_xpu, use_rejection_sampling)",
+    # EAGLE/NEXTN step helpers (SPEC_EAGLE_HELPERS)
+    f"{_SPEC_EAGLE}.build_chain_tree": (
+        "(bonus_tokens, draft_tokens, seq_lens, tree_mask_buf=None, req_pool_indices=None, req_to_token=None, "
+        "with_mrope=False)"),
+    f"{_SPEC_EAGLE}.prepare_verify_commit_outputs": (
+        "(predict, accept_index, accept_lens, seq_lens, num_draft_tokens=0, mamba_track_interval=0)"),
+    f"{_SPEC_EAGLE}.prepare_draft_extend_inputs": "(accept_lens, predict, num_draft_tokens)",
+    f"{_SPEC_EAGLE}.prepare_draft_extend_lengths": "(seq_lens, num_draft_tokens, front_offset)",
+    f"{_SPEC_EAGLE}.prepare_draft_extend_layout": "(seq_lens, num_draft_tokens, with_mrope)",
+    f"{_SPEC_TOPK1}.draft_topk1_postprocess": "(next_token_logits, positions, draft_tokens=None, draft_token_column=0)",
+    f"{_SPEC_TOPK1}.draft_topk1_argmax_only": "(next_token_logits)",
+    # Import-time patches (spec/hooks.py): the module provided on the CPU platform (its source imports sgl_kernel,
+    # so the test reads this one from the source text), and the definitions SGLang binds the patched module
+    # attributes to on CUDA (tree sampling) and HIP (renorm; FlashInfer's on CUDA).
+    HOOK_SPEC_RECONSTRUCT_TREE: (
+        "(tree_mask, verified_seq_len, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling, "
+        "batch_size, draft_token_num)"),
+    f"{SPEC_OPS_MODULE}.sampling.tree_speculative_sampling_target_only": (
+        "(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token, "
+        "retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs, "
+        "threshold_single=1.0, threshold_acc=1.0, deterministic=True)"),
+    "sglang.kernels.ops.sampling.renorm_triton.top_k_renorm_probs_triton": "(probs, top_k)",
+    "sglang.kernels.ops.sampling.renorm_triton.top_p_renorm_probs_triton": "(probs, top_p)",
+    # hybrid GDN models on the CPU platform (sglang_ext/hybrid/): the replaced Triton kernels
+    "sglang.kernels.ops.attention.fla.chunk.chunk_gated_delta_rule": (
+        "(q, k, v, g, beta, scale=None, initial_state=None, initial_state_indices=None, cu_seqlens=None, "
+        "head_first=False, use_qk_l2norm_in_kernel=False, inplace_update=True)"),
+    "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent.fused_sigmoid_gating_delta_rule_update": (
+        "(A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source, "
+        "initial_state_indices, scale=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, is_kda=False, "
+        "lower_bound=None, disable_state_update=False, intermediate_states_buffer=None, "
+        "intermediate_state_indices=None, cache_steps=None, retrieve_parent_token=None, cache_ring=False, "
+        "replayssm_rawv=None, replayssm_rawk=None, replayssm_g=None, replayssm_beta=None, match_cutedsl_decode=False)"),
+    "sglang.kernels.ops.attention.fla.fused_recurrent.fused_recurrent_gated_delta_rule_packed_decode": (
+        "(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices, "
+        "use_qk_l2norm_in_kernel=False)"),
+    "sglang.kernels.ops.mamba.causal_conv1d_triton.causal_conv1d_fn": (
+        "(x, weight, bias, conv_states, query_start_loc, seq_lens_cpu, cache_indices=None, has_initial_state=None, "
+        "activation='silu', pad_slot_id=-1, validate_data=False, block_table=None, **kwargs)"),
+    "sglang.kernels.ops.mamba.causal_conv1d_triton.causal_conv1d_update": (
+        "(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None, conv_state_indices=None, "
+        "num_accept_tokens=None, intermediate_conv_window=None, intermediate_state_indices=None, "
+        "retrieve_next_token=None, retrieve_next_sibling=None, retrieve_parent_token=None, pad_slot_id=-1, "
+        "metadata=None, validate_data=False)"),
+    "sglang.kernels.ops.attention.linear.fused_gdn_gating.fused_gdn_gating": (
+        "(A_log, a, b, dt_bias, beta=1.0, threshold=20.0)"),
+    "sglang.kernels.ops.attention.triton_gdn_fused_proj.fused_qkvzba_split_reshape_cat": (
+        "(mixed_qkvz, mixed_ba, num_heads_qk, num_heads_v, head_qk, head_v)"),
+    "sglang.kernels.ops.attention.triton_gdn_fused_proj.fused_qkvzba_split_reshape_cat_contiguous": (
+        "(mixed_qkvz, mixed_ba, num_heads_qk, num_heads_v, head_qk, head_v)"),
+    "sglang.kernels.ops.elementwise.elementwise.fused_sigmoid_mul": "(attn_output, gate, inplace=False, quant=False)",
+    "sglang.kernels.ops.attention.fla.layernorm_gated.layernorm_fn": (
+        "(x, weight, bias, z=None, eps=1e-06, group_size=None, norm_before_gate=True, is_rms_norm=False, "
+        "activation='swish')"),
+}
 # ------------------------------------------------------------------------------------------------------------
 
 
@@ -252,6 +372,42 @@ def anchor_host_pool(mem_pool_host):
     if entries is None:
         return mem_pool_host, 1
     return mem_pool_host.anchor_entry.host_pool, len(entries)
+
+
+# --- hooks verified at start-up (sglang_ext/hook_check.py) ------------------------------------------------------
+# load_plugins() runs every general plugin, then HookRegistry.apply_hooks(): it imports each target's module
+# (pkgutil.resolve_name, so nothing is applied lazily), patches it, and for a target that fails only logs the
+# exception and goes on; the targets it patched are in the class attribute `_patched`. No plugin code runs after
+# it inside load_plugins(), so sglang-ext wraps apply_hooks to check its own targets right then.
+def _hook_registry():
+    return globals().get("HookRegistry") or __getattr__("HookRegistry")
+
+
+def hook_targets_applied(registry=None) -> set[str]:
+    """The dotted targets HookRegistry has patched in this process."""
+    registry = registry or _hook_registry()
+    return set(registry._patched)
+
+
+def run_after_apply_hooks(fn, registry=None) -> None:
+    """Make every later `registry.apply_hooks()` call fn() once it has applied the hooks (once per registry)."""
+    registry = registry or _hook_registry()
+    applied = registry.__dict__["apply_hooks"].__func__  # a classmethod
+    if getattr(applied, "sglang_ext_after", None) is not None:
+        return
+
+    def apply_hooks(cls):
+        applied(cls)
+        fn()
+
+    apply_hooks.sglang_ext_after = fn
+    registry.apply_hooks = classmethod(apply_hooks)
+
+
+def installed_sglang_version() -> str:
+    from importlib.metadata import version
+
+    return version("sglang")
 
 
 def __getattr__(name: str):

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 _after: dict[str, list[Callable[[types.ModuleType], None]]] = defaultdict(list)
 _provided: dict[str, Callable[[types.ModuleType], None]] = {}
+_applied: list[str] = []  # module names, one entry per after_import patch that ran
 
 
 class _RunAfterExec(importlib.abc.Loader):
@@ -32,6 +33,7 @@ class _RunAfterExec(importlib.abc.Loader):
         self._loader.exec_module(module)
         for fn in _after.pop(self._name, []):
             fn(module)
+            _applied.append(self._name)
 
 
 class _Provide(importlib.abc.Loader):
@@ -67,6 +69,7 @@ def after_import(module_name: str, fn: Callable[[types.ModuleType], None]) -> No
     """Run fn(module) right after `module_name` executes (at once if it already has)."""
     if module_name in sys.modules:
         fn(sys.modules[module_name])
+        _applied.append(module_name)
         return
     _after[module_name].append(fn)
     _install_finder()
@@ -78,3 +81,22 @@ def provide_module(module_name: str, fill: Callable[[types.ModuleType], None]) -
         raise RuntimeError(f"{module_name} was imported before sglang-ext could provide it")
     _provided[module_name] = fill
     _install_finder()
+
+
+def applied() -> list[str]:
+    """Module names of the after_import patches that ran in this process (one entry per patch)."""
+    return list(_applied)
+
+
+def pending() -> dict[str, int]:
+    """Module name -> after_import patches still waiting for its import."""
+    return {name: len(fns) for name, fns in _after.items() if fns}
+
+
+def provided() -> dict[str, bool]:
+    """Module name -> whether the module now imported under that name is the one provide_module serves."""
+    out = {}
+    for name in _provided:
+        spec = getattr(sys.modules.get(name), "__spec__", None)
+        out[name] = name not in sys.modules or isinstance(getattr(spec, "loader", None), _Provide)
+    return out

@@ -23,6 +23,10 @@ def test_chat_answers_paris(shared_server):
 def test_platform_and_plugin_active(shared_server):
     log = shared_server.log_text()
     assert "[sglang-ext] " in log and "platform portable_cpu" in log, shared_server.log_tail()
+    # Hooks checked where SGLang applied them: the launcher, and each child (scheduler, detokenizer) on its own.
+    lines = [line for line in log.splitlines() if line.startswith("[sglang-ext] ") and "hooks verified: " in line]
+    assert len(lines) >= 3 and " registered: " in lines[0], lines
+    assert "Multiple AROUND hooks" not in log and "Failed to apply hooks" not in log
     info = shared_server.server_info()
     assert info.get("device") == "cpu", info.get("device")
     assert info.get("attention_backend") == "torch_native", info.get("attention_backend")
