@@ -170,8 +170,12 @@ class TorchNativeMultiStepDraftBackend:
 
 
 def add_torch_native(original, factory, backend_name, backend_map, error_template, stamps_children=False):
-    """AROUND DraftBackendFactory._create_backend: offer `torch_native` next to SGLang's own entries."""
+    """AROUND DraftBackendFactory._create_backend: offer `torch_native` next to SGLang's own entries; over a
+    compressed draft pool the `triton` entries build our compressed backends (the CPU platform runs them under
+    TRITON_INTERPRET=1) and every other SGLang entry refuses, as on GPU platforms."""
     runner = factory.draft_model_runner
+    if _is_compressed(runner):
+        backend_map = _compressed_triton_map(factory, backend_name, backend_map)
     if backend_name == "decode_attention_backend":
         def create():
             return "torch_native", TorchNativeMultiStepDraftBackend(runner, factory.topk, factory.speculative_num_steps)
@@ -200,11 +204,21 @@ def compressed_triton_draft(original, factory, backend_name, backend_map, error_
     runner = factory.draft_model_runner
     if not _is_compressed(runner):
         return original(factory, backend_name, backend_map, error_template, stamps_children)
-    from sglang_ext.kvcache.triton_backend import CompressedTritonAttnBackend
+    return original(factory, backend_name, _compressed_triton_map(factory, backend_name, backend_map),
+                    error_template, stamps_children)
 
+
+def _compressed_triton_map(factory, backend_name, backend_map):
+    """backend_map with its `triton` entry building our compressed backends and every other entry refusing."""
+    from sglang_ext.kvcache.triton_backend import CompressedTritonAttnBackend, value_buffer_shape_only
+
+    runner = factory.draft_model_runner
     if backend_name == "decode_attention_backend":
         def create():
-            multi = compat.TritonMultiStepDraftBackend(runner, factory.topk, factory.speculative_num_steps)
+            # SGLang's container builds a TritonAttnBackend per step, whose constructor reads the pool's value
+            # buffer shape; those step backends are replaced by ours at once.
+            with value_buffer_shape_only(runner.token_to_kv_pool):
+                multi = compat.TritonMultiStepDraftBackend(runner, factory.topk, factory.speculative_num_steps)
             multi.attn_backends = [
                 CompressedTritonAttnBackend(runner, skip_prefill=True, kv_indptr_buf=multi.kv_indptr[i])
                 for i in range(factory.speculative_num_steps - 1)
@@ -213,5 +227,4 @@ def compressed_triton_draft(original, factory, backend_name, backend_map, error_
     else:
         def create():
             return "triton", CompressedTritonAttnBackend(runner, skip_prefill=False)
-    ours = {name: (create if name == "triton" else _refuse(runner, name)) for name in backend_map}
-    return original(factory, backend_name, ours, error_template, stamps_children)
+    return {name: (create if name == "triton" else _refuse(runner, name)) for name in backend_map}
