@@ -338,6 +338,9 @@ HOOKED_SIGNATURES = {
     "sglang.kernels.ops.attention.triton_gdn_fused_proj.fused_qkvzba_split_reshape_cat_contiguous": (
         "(mixed_qkvz, mixed_ba, num_heads_qk, num_heads_v, head_qk, head_v)"),
     "sglang.kernels.ops.elementwise.elementwise.fused_sigmoid_mul": "(attn_output, gate, inplace=False, quant=False)",
+    "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul": "(hidden_states, gate_weight, shared_output)",
+    "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add": (
+        "(hidden_states, gate_weight, shared_output, final_hidden_states)"),
     "sglang.kernels.ops.attention.fla.layernorm_gated.layernorm_fn": (
         "(x, weight, bias, z=None, eps=1e-06, group_size=None, norm_before_gate=True, is_rms_norm=False, "
         "activation='swish')"),

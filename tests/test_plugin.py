@@ -86,8 +86,11 @@ def test_sglang_loader_finds_and_loads_plugin(probe):
             assert [f for f, _ in chain] == [f for f in hook_chain.ORDER[target] if f in dict(chain)], target
     # Every hooked function has its expected signature recorded (tests/test_compat.py checks them) ...
     assert not set(chains) - set(compat.HOOKED_SIGNATURES), sorted(set(chains) - set(compat.HOOKED_SIGNATURES))
-    # ... and each function that replaces one of SGLang's takes the same parameters.
+    # ... and each function that replaces one of SGLang's takes the same parameters (a `**kwargs` of SGLang's may
+    # be left out: an argument SGLang does not name then fails loudly instead of being ignored).
     for target, (ours, sglangs) in json.loads(out["REPLACED"]).items():
+        if not any(p.startswith("**") for p in ours):
+            sglangs = [p for p in sglangs if not p.startswith("**")]
         assert ours == sglangs, (target, ours, sglangs)
 
 
