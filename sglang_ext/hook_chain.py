@@ -13,8 +13,9 @@ HookRegistry, a dispatcher, and every sglang-ext hook on that target joins the d
   A second feature on a target without a declared order is refused when it registers.
 
 A hook's feature is the `sglang_ext` subpackage (or top-level module) its function is defined in.
-The chain is read when the hooked function is called (composed once, cached), so a hook registered after
-HookRegistry applied the target still runs. `targets()` is what `hook_check` verifies after SGLang applies hooks.
+The chain is read when the hooked function is called (composed once per change, cached), so a hook added to a
+target whose dispatcher HookRegistry already applied still runs. `targets()` is what `hook_check` verifies after
+SGLang applies hooks.
 """
 
 from __future__ import annotations
