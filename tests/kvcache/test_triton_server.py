@@ -1,0 +1,167 @@
+"""End to end: stock `sglang.launch_server --attention-backend triton --kv-cache-dtype <format>` on the CPU platform.
+
+SGLang's Triton backend (its metadata kernels) and our Triton kernels run on CPU tensors under
+`TRITON_INTERPRET=1`, on tiny seeded random-weight models (sglang_ext/models/tiny.py) with head_dim 128 (full RoPE)
+and head_dim 256 (RoPE on 64 dims). The oracle is the same model and format served by `torch_native` (the
+CPU backend over the same compressed pool, float32): greedy tokens must be equal, token for token.
+
+The interpreter is slow and every server costs a start-up, so the matrix is a cover rather than a product: every
+feature, every format and both head sizes at least once (the table CASES). The workload of a plain case:
+decode from a short prompt, a long prompt in several prefill chunks, a radix hit on that prompt's prefix (checked
+through the server's cached_tokens), and a long prompt arriving while another request decodes (a mixed
+prefill + decode batch, checked in the server's log). A speculative case (NEXTN chain or tree, NGRAM) runs the
+decode, chunked-prefill and radix requests with speculation on; its oracle is the plain torch_native server of
+the same model and format, since speculative greedy output equals plain decoding (verify reads the drafts back
+from the compressed pool, as decode reads its current token).
+
+Cost (4 cases, 7 servers, `-n 0`): 842 s on the 2-core development machine at a load average of 10-13 (other
+test runs beside it): server start-ups 51-176 s each there, workloads 9-46 s per triton server.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import pytest
+import requests
+import torch
+
+from server import ServerProcess
+
+CHUNK = 16
+# Two KV splits: the decode kernel's split path and its reduction run, at a quarter of the interpreter's programs
+# of SGLang's default 8.
+COMMON_ARGS = ("--dtype", "float32", "--max-total-tokens", "2048", "--chunked-prefill-size", str(CHUNK),
+               "--enable-cache-report", "--random-seed", "0", "--max-running-requests", "4",
+               "--triton-attention-num-kv-splits", "2")
+MIXED_ARGS = ("--enable-mixed-chunk",)
+NEW_TOKENS = 8
+SHORT, LONG, RADIX_KEEP, RADIX_NEW = 12, 2 * CHUNK + 5, CHUNK + 7, 5
+
+
+def nextn_args(topk: int, draft_tokens: int) -> tuple[str, ...]:
+    return ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk",
+            str(topk), "--speculative-num-draft-tokens", str(draft_tokens))
+
+
+NGRAM_ARGS = ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4")
+
+# (case id, tiny model, --kv-cache-dtype, feature flags): every feature, format and head size at least once, with
+# as few servers as that takes (seven: a server's start-up costs more than its workload). The references are per
+# model and format; mimo-d128 is llama-d128 plus an MTP layer, its target computes exactly what llama-d128 does.
+# Not run here: head_dim 256 with int8 or octave_k3v3, head_dim 128 with octave_k3v4, plain (non-speculative)
+# serving at head_dim 128 (its decode kernel runs in every NEXTN draft step), NGRAM at head_dim 128, and NEXTN at
+# head_dim 256 (no MTP twin of the StableLM model).
+CASES = (
+    ("d128-int8-nextn-chain", "mimo-d128", "int8", nextn_args(1, 4)),
+    ("d128-octave_k3v3-nextn-tree", "mimo-d128", "octave_k3v3", nextn_args(2, 6)),
+    ("d256-octave_k3v4-plain", "stablelm-d256-r64", "octave_k3v4", MIXED_ARGS),
+    ("d256-octave_k3v4-ngram", "stablelm-d256-r64", "octave_k3v4", NGRAM_ARGS),
+)
+
+
+def prompts() -> dict[str, list[int]]:
+    gen = torch.Generator().manual_seed(37)
+    ids = lambda n: torch.randint(100, 40000, (n,), generator=gen).tolist()  # noqa: E731
+    long = ids(LONG)
+    # NGRAM drafts from repeats in the context: a prompt that repeats itself gives it something to accept.
+    loop = ids(6)
+    return {"short": ids(SHORT), "long": long, "radix": long[:RADIX_KEEP] + ids(RADIX_NEW),
+            "mixed": ids(LONG), "repeat": loop * 3}
+
+
+def generate(server: ServerProcess, input_ids: list[int], new_tokens: int = NEW_TOKENS) -> dict:
+    return server.generate(input_ids=input_ids, max_new_tokens=new_tokens, ignore_eos=True)
+
+
+def generate_streamed(server: ServerProcess, input_ids: list[int], new_tokens: int, first_token: threading.Event) -> dict:
+    """generate() with streaming; sets first_token when the first token arrives (the request is decoding)."""
+    body = {"input_ids": input_ids, "stream": True,
+            "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}}
+    last = None
+    with requests.post(f"{server.url}/generate", json=body, stream=True, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith(b"data:") and line.strip() != b"data: [DONE]":
+                last = json.loads(line[len(b"data:"):])
+                first_token.set()
+    if last is None:
+        raise RuntimeError("the streamed request returned no data")
+    return last
+
+
+def run_workload(server: ServerProcess, mixed: bool, names=("short", "long", "radix", "repeat")) -> dict[str, dict]:
+    """The requests `names` one after the other, then (mixed) a long prompt sent while another request decodes;
+    returns name -> response."""
+    p = prompts()
+    out = {name: generate(server, p[name]) for name in names}
+    if mixed:
+        results: dict[str, dict] = {}
+        first_token = threading.Event()
+        decoding = threading.Thread(target=lambda: results.setdefault(
+            "decoding", generate_streamed(server, p["short"], 2 * NEW_TOKENS, first_token)))
+        decoding.start()
+        if not first_token.wait(300):
+            raise TimeoutError("the decoding request produced no token in 300 s")
+        out["mixed"] = generate(server, p["mixed"])
+        decoding.join()
+        out["decoding"] = results["decoding"]
+    return out
+
+
+_REFERENCES: dict[tuple[str, str], dict[str, dict]] = {}
+
+
+def reference(model: str, kv: str) -> dict[str, dict]:
+    """The plain torch_native server's responses for (model, format), computed once per module."""
+    if (model, kv) not in _REFERENCES:
+        from sglang_ext.models.tiny import prepare_tiny
+
+        server = ServerProcess(str(prepare_tiny(model)), ["--attention-backend", "torch_native", "--kv-cache-dtype",
+                                                          kv, *COMMON_ARGS, *MIXED_ARGS], name=f"ref-{model}-{kv}")
+        try:
+            server.start()
+            _REFERENCES[(model, kv)] = run_workload(server, mixed=True)
+        finally:
+            server.stop()
+    return _REFERENCES[(model, kv)]
+
+
+@pytest.mark.parametrize("case, model, kv, features", CASES, ids=[c[0] for c in CASES])
+def test_triton_greedy_equals_torch_native(case, model, kv, features, record_property):
+    from sglang_ext.models.tiny import prepare_tiny
+
+    want = reference(model, kv)
+    server = ServerProcess(str(prepare_tiny(model)), ["--attention-backend", "triton", "--kv-cache-dtype", kv,
+                                                      *COMMON_ARGS, *features],
+                           env={"TRITON_INTERPRET": "1"}, name=f"triton-{case}")
+    mixed = features == MIXED_ARGS
+    try:
+        server.start()
+        record_property("startup_seconds", round(server.startup_seconds, 1))
+        info = server.server_info()
+        assert info["attention_backend"] == "triton" and info["kv_cache_dtype"] == kv, info
+        t0 = time.monotonic()
+        names = ("short", "long", "radix", "repeat") if features == NGRAM_ARGS else ("short", "long", "radix")
+        got = run_workload(server, mixed=mixed, names=names)
+        record_property("workload_seconds", round(time.monotonic() - t0, 1))
+        log = server.log_text()
+    finally:
+        server.stop()
+
+    for name, response in got.items():
+        assert response["output_ids"] == want[name]["output_ids"], (
+            f"{case} {name}: triton {response['output_ids']} != torch_native {want[name]['output_ids']}")
+    cached = got["radix"]["meta_info"]["cached_tokens"]
+    assert cached >= RADIX_KEEP - 1, f"{case}: the radix request reused {cached} cached tokens, want >= {RADIX_KEEP - 1}"
+    if mixed:
+        running = [int(n) for n in re.findall(r"Prefill batch.*?#running-req: (\d+)", log)]
+        assert max(running) >= 1, f"{case}: no prefill ran beside a decoding request (#running-req {running})"
+    if "--speculative-algorithm" in features:
+        accepted = [r["meta_info"].get("spec_accept_length") for r in got.values()]
+        record_property("spec_accept_length", accepted)
+        verified = sum(r["meta_info"].get("spec_verify_ct", 0) for r in got.values())
+        assert verified > 0, f"{case}: no verify step ran ({[r['meta_info'] for r in got.values()]})"
