@@ -57,15 +57,16 @@ def qwen3_5_moe_config() -> dict:
 def qwen4_exp_config() -> dict:
     """qwen4_exp (`Qwen4ExpForConditionalGeneration`, the class SGLang serves): the MoE text model above plus two
     hyper-connection streams, a hashed n-gram PLE table on GDN layer 1 (bigrams and trigrams, 2 heads each, stored
-    in 2 shards), the QSA indexer transformers requires on full-attention layers (its budget, 4096 tokens, covers
-    every test prompt: all blocks are selected) and a one-block vision tower that text prompts never run."""
+    in 2 shards), the QSA indexer transformers requires on full-attention layers (a budget of 2048 tokens in 512
+    blocks, a size SGLang's top-k kernel takes, covering every test prompt: all blocks are selected) and a
+    one-block vision tower that text prompts never run."""
     text = _hybrid_config("Qwen4ExpForCausalLM", "qwen4_exp_text", linear_num_key_heads=2, linear_num_value_heads=4,
                           num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
                           shared_expert_intermediate_size=128, norm_topk_prob=True, router_aux_loss_coef=0.001,
                           output_router_logits=False, hc_count=2, hc_lowrank=16, ple_layer_ids=[1], ple_embed_dim=64,
                           ple_conv_kernel_size=4, ngram_size=3, heads_per_ngram=2, ngram_vocab_size_base=1000,
                           make_ngram_vocab_size_divisible_by=128, split_ngram_parts=2, indexer_n_heads=2,
-                          indexer_kv_heads=1, indexer_head_dim=64, indexer_budget=4096, indexer_compress_ratio=4)
+                          indexer_kv_heads=1, indexer_head_dim=64, indexer_budget=2048, indexer_compress_ratio=4)
     for key in ("architectures", "torch_dtype", "tie_word_embeddings"):
         text.pop(key)
     vision = {"model_type": "qwen4_exp_vision", "depth": 1, "hidden_size": 64, "num_heads": 2,
