@@ -10,6 +10,14 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # (2026-12-02): a SmolLM2 server decoded 1.15 tokens/s with the default wait policy, 6.42 with PASSIVE (6 alone).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+# The repository root, so tests import the lab tooling of tools/ (not installed) as `tools.<module>`.
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
 import pytest  # noqa: E402
 
 from server import SHARED_SERVER_ARGS, ServerPool, ServerProcess

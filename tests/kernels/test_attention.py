@@ -177,7 +177,7 @@ def test_extend_prefix_scratch_rule_and_head_chunks(device, monkeypatch):
 def test_kernels_on_real_smollm2_kv(name, device):
     """End to end through the kernels on real SmolLM2 K/V/Q: store, then decode 8 queries each over its causal
     prefix; the error vs float64 attention on the exact K/V stays under the format's SmolLM2 threshold."""
-    from sglang_ext.kvformats.errors import SMOLLM2_MEAN_ERR, exact_attention, smollm2_fixture
+    from tools.attention_error import SMOLLM2_MEAN_ERR, exact_attention, smollm2_fixture
 
     data = smollm2_fixture()
     layer = 2

@@ -7,7 +7,7 @@ import torch
 from kvformat_mutations import PLANE_MUTATIONS, missing_rotation
 
 from sglang_ext.kvformats import get_format
-from sglang_ext.kvformats.errors import (
+from tools.attention_error import (
     SMOLLM2_MEAN_ERR,
     SYNTHETIC_MAX_ERR,
     attention_rel_error,

@@ -1,7 +1,7 @@
 """Attention-output error of a format against a float64 reference: the lossy metric the tests threshold
 and docs/formats.md reports.
 
-    python -m sglang_ext.kvformats.errors      # prints the error table (synthetic + SmolLM2 fixture)
+    python -m tools.attention_error      # prints the error table (synthetic + SmolLM2 fixture)
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .base import KVFormat
+from sglang_ext.kvformats.base import KVFormat
 
 # Named quality limits (relative attention-output error vs float64 attention on the exact K/V), enforced by
 # tests/kvformats/test_quality.py; the measured values (docs/formats.md) sit about 20 % below them.
@@ -19,7 +19,7 @@ SYNTHETIC_MAX_ERR = {"int8": 0.045, "octave_k3v4": 0.22, "octave_k3v3": 0.29}
 # SmolLM2-135M real Q/K/V (d 64, full RoPE): mean over the fixture's 5 captured layers.
 SMOLLM2_MEAN_ERR = {"int8": 0.02, "octave_k3v4": 0.18, "octave_k3v3": 0.22}
 
-FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "kvformats" / "data" / "smollm2_qkv.safetensors"
+FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "kvformats" / "data" / "smollm2_qkv.safetensors"
 
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float,
@@ -77,8 +77,8 @@ def smollm2_errors(fmt: KVFormat, data: dict[str, torch.Tensor] | None = None) -
 
 
 def main() -> None:
-    from . import FORMAT_NAMES, get_format
-    from .octave import OctaveFormat
+    from sglang_ext.kvformats import FORMAT_NAMES, get_format
+    from sglang_ext.kvformats.octave import OctaveFormat
 
     data = smollm2_fixture()
     cands = [get_format(n, 64) for n in FORMAT_NAMES[1:]]

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from sglang_ext.models.draft_corpus import Sequence
-from sglang_ext.models.mtp_layer import MtpLayer
+from tools.draft_training.draft_corpus import Sequence
+from tools.draft_training.mtp_layer import MtpLayer
 
 
 @dataclass

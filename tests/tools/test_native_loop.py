@@ -1,4 +1,4 @@
-"""The NEXTN loop without SGLang (sglang_ext/spec/native_loop.py) on a tiny random Llama with head_dim 64, float32,
+"""The NEXTN loop without SGLang (tools/native_loop.py) on a tiny random Llama with head_dim 64, float32,
 our kernels under the Triton interpreter: its speculative rounds give the tokens of plain greedy decoding, and
 each round's accept length is the one draft_acceptance's simulation (what train-draft reports) finds for the same
 position of the same continuation."""
@@ -7,17 +7,17 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from sglang_ext.models.draft_acceptance import (
+from tools.draft_training.draft_acceptance import (
     accept_length,
     chain_drafts,
     decode_walk,
     tree_accept_length,
     tree_drafts,
 )
-from sglang_ext.models.draft_corpus import Sequence
-from sglang_ext.models.mtp_layer import MtpLayer
-from sglang_ext.models.train_draft import linear_start
-from sglang_ext.spec.native_loop import DraftWeights, NativeNextn, TargetWeights
+from tools.draft_training.draft_corpus import Sequence
+from tools.draft_training.mtp_layer import MtpLayer
+from tools.draft_training.train_draft import linear_start
+from tools.native_loop import DraftWeights, NativeNextn, TargetWeights
 
 # vocab 12 and an untied lm_head: the random target's greedy continuations then wander over the vocabulary
 CONFIG = {

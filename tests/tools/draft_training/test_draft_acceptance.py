@@ -6,7 +6,8 @@ import pytest
 import torch
 from tiny_llama import TINY_CONFIG, write_tiny_llama
 
-from sglang_ext.models.draft_acceptance import (
+from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights
+from tools.draft_training.draft_acceptance import (
     accept_length,
     chain_drafts,
     decode_walk,
@@ -14,9 +15,8 @@ from sglang_ext.models.draft_acceptance import (
     tree_accept_length,
     tree_drafts,
 )
-from sglang_ext.models.draft_corpus import Sequence
-from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights
-from sglang_ext.models.mtp_layer import MtpLayer
+from tools.draft_training.draft_corpus import Sequence
+from tools.draft_training.mtp_layer import MtpLayer
 
 
 def test_accept_length_counts_the_matching_prefix_plus_the_bonus_token():

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
 from tiny_llama import TINY_CONFIG, write_tiny_llama
 
-from sglang_ext.models.__main__ import main
-from sglang_ext.models import train_draft as train_draft_module
-from sglang_ext.models.draft_acceptance import Acceptance, measure
-from sglang_ext.models.draft_corpus import (
+from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_mtp_weights
+from tools.draft_training import train_draft as train_draft_module
+from tools.draft_training.__main__ import main
+from tools.draft_training.draft_acceptance import Acceptance, measure
+from tools.draft_training.draft_corpus import (
     HELDOUT_TOPICS,
     MORE_TRAIN_TOPICS,
     TRAIN_TOPICS,
@@ -22,9 +22,8 @@ from sglang_ext.models.draft_corpus import (
     decode_batch,
     generate,
 )
-from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights, load_mtp_weights
-from sglang_ext.models.mtp_layer import MtpLayer
-from sglang_ext.models.train_draft import (
+from tools.draft_training.mtp_layer import MtpLayer
+from tools.draft_training.train_draft import (
     DraftTrainConfig,
     another_corpus_batch,
     batch_order,
@@ -145,7 +144,7 @@ def test_decode_batch_refuses_projection_biases(model_dir):
 def test_finished_rows_leave_the_batch_unchanged(model_dir, monkeypatch):
     """Rows that made the end token leave the batch; the others decode on as before, and every row is the same
     up to its end token."""
-    from sglang_ext.models import draft_corpus
+    from tools.draft_training import draft_corpus
 
     torch.set_num_threads(2)
     model, tokenizer = load_base(Path(model_dir))
@@ -170,7 +169,7 @@ def test_finished_rows_leave_the_batch_unchanged(model_dir, monkeypatch):
 
 
 def test_missing_model_tells_to_prepare(tmp_path, capsys):
-    assert main(["train-draft", "--base", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 2
+    assert main(["--base", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 2
     assert "python -m sglang_ext.models prepare" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -188,7 +187,7 @@ def test_training_topics_are_distinct_and_never_held_out():
 def test_weight_average_warms_up_then_decays_slowly():
     from torch.optim.swa_utils import AveragedModel
 
-    from sglang_ext.models.train_draft import ema_update
+    from tools.draft_training.train_draft import ema_update
 
     layer = torch.nn.Linear(4, 4, bias=False)
     averaged = AveragedModel(layer, multi_avg_fn=ema_update(0.999))
@@ -226,7 +225,7 @@ def test_corpus_batches_walk_the_pool_then_wrap_around_sampled():
 
 
 def test_nucleus_gumbel_samples_top_p_at_the_temperature():
-    from sglang_ext.models.draft_corpus import NucleusGumbel
+    from tools.draft_training.draft_corpus import NucleusGumbel
 
     scores = torch.tensor([2.0, 1.5, 1.0, 0.2, -1.0, -3.0, -6.0, -9.0])
     rows = 40_000

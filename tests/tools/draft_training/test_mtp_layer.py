@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from tiny_llama import TINY_CONFIG, write_tiny_llama
 
 from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights
-from sglang_ext.models.mtp_layer import MtpLayer
-from tiny_llama import TINY_CONFIG, write_tiny_llama
+from tools.draft_training.mtp_layer import MtpLayer
 
 
 def test_mtp_layer_matches_transformers_qwen2_layer(tmp_path):

@@ -3,7 +3,7 @@ formats, through our store / decode / extend kernels. Every step has fixed shape
 CUDA-graph replay and no stage waits for the host.
 
 What it is for: SGLang does not run on the lent H200, so the net decode speed-up of NEXTN over our kernels is
-measured with this loop (benchmarks/spec_gpu_loop.py) on the built-in model and a train-draft checkpoint. It does
+measured with this loop (tools/spec_gpu_loop.py) on the built-in model and a train-draft checkpoint. It does
 what SGLang's EAGLE worker does for `--speculative-algorithm NEXTN --speculative-num-steps k
 --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1` (chain drafts) or `--speculative-eagle-topk K` with
 the same k + 1 verified tokens (tree drafts), greedy, with no scheduler and no sampling. Core code: no SGLang
@@ -30,9 +30,9 @@ highest probability are verified with a tree mask (node i sees the root, its anc
 pos + depth). The deepest node whose every token is its parent's greedy token is accepted, and the K/V of the
 nodes on its path is moved (one copy per plane for all layers) from their verify rows' slots to their positions'.
 
-The drafts match what `sglang_ext.models.draft_acceptance.chain_drafts` / `tree_drafts` simulate (what
-train-draft reports); `tests/spec/test_native_loop.py` checks the loop against the plain decode loop and the
-simulation, and `benchmarks/spec_gpu_loop.py agree` does on the built-in model.
+The drafts match what `tools.draft_training.draft_acceptance.chain_drafts` / `tree_drafts` simulate (what
+train-draft reports); `tests/tools/test_native_loop.py` checks the loop against the plain decode loop and the
+simulation, and `tools/spec_gpu_loop.py agree` does on the built-in model.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class TargetWeights:
 
 
 class DraftWeights:
-    """One MTP layer (sglang_ext.models.mtp_layer.MtpLayer's parameter names)."""
+    """One MTP layer (tools.draft_training.mtp_layer.MtpLayer's parameter names)."""
 
     def __init__(self, state: dict, dtype: torch.dtype, device):
         def get(name):

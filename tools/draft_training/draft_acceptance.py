@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_ext.models.draft_corpus import Sequence
-from sglang_ext.models.mtp_layer import MtpLayer
+from tools.draft_training.draft_corpus import Sequence
+from tools.draft_training.mtp_layer import MtpLayer
 
 
 def accept_length(drafts: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

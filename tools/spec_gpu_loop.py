@@ -1,5 +1,5 @@
 """NEXTN on a GPU without SGLang, measured: the built-in model and a train-draft MTP layer decoding held-out prompts
-through `sglang_ext.spec.native_loop` (our kernels over each KV format, every stage a CUDA-graph replay), plain
+through `tools.native_loop` (our kernels over each KV format, every stage a CUDA-graph replay), plain
 decoding against speculative rounds of 3 chain drafts, batch 1 and 8. Tokens per second of each, the speed-up, the
 accept length, and whether both gave the same tokens.
 
@@ -10,15 +10,15 @@ checkpoint (8 MB), the held-out prompts' token ids, and the `gguf` package. Two 
 between them (30 s):
 
     # here
-    .venv/bin/python benchmarks/spec_gpu_loop.py pack --mtp CHECKPOINT_DIR --out .spec_gpu   # .spec_gpu ignored
+    .venv/bin/python tools/spec_gpu_loop.py pack --mtp CHECKPOINT_DIR --out .spec_gpu   # .spec_gpu ignored
     # device call 1: carry [".spec_gpu/a"]; command: mkdir -p /tmp/sg && cp .spec_gpu/a/* /tmp/sg/
     # device call 2: carry [".spec_gpu/b"]; command:
     #   cp -r .spec_gpu/b/* /tmp/sg/ &&
-    #   PYTHONUNBUFFERED=1 python3 benchmarks/spec_gpu_loop.py run --inputs /tmp/sg --out $OUT
+    #   PYTHONUNBUFFERED=1 python3 tools/spec_gpu_loop.py run --inputs /tmp/sg --out $OUT
     # here: the loop's rounds against train-draft's acceptance simulation on 3 held-out continuations (15 minutes)
-    TRITON_INTERPRET=1 .venv/bin/python benchmarks/spec_gpu_loop.py agree --inputs .spec_gpu/all --heldout HELD.pt
+    TRITON_INTERPRET=1 .venv/bin/python tools/spec_gpu_loop.py agree --inputs .spec_gpu/all --heldout HELD.pt
     # here, no GPU (the Triton interpreter, minutes a token; a smoke test of the whole path):
-    TRITON_INTERPRET=1 .venv/bin/python benchmarks/spec_gpu_loop.py run --inputs .spec_gpu/all --prompts 1 \\
+    TRITON_INTERPRET=1 .venv/bin/python tools/spec_gpu_loop.py run --inputs .spec_gpu/all --prompts 1 \\
         --new-tokens 8 --formats bf16 --batches 1 --out /tmp/sgl
 """
 
@@ -39,7 +39,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sglang_ext.spec.native_loop import DraftWeights, NativeNextn, TargetWeights  # noqa: E402
+from tools.native_loop import DraftWeights, NativeNextn, TargetWeights  # noqa: E402
 
 GGUF_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
               "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
@@ -137,7 +137,7 @@ def pack(args) -> int:
     meta = {"config": config, "checksums": want, "eos_token_id": 2, "mtp_checkpoint": str(args.mtp),
             "mtp_training": json.loads(training.read_text()) if training.is_file() else None,
             "prompts": prompts, "cpu_greedy_continuations": continuations,
-            "heldout_source": f"{args.heldout} (draft_variants.py heldout's continuations, float32 on the CPU)"}
+            "heldout_source": f"{args.heldout} (benchmarks/spec_acceptance.py's continuations, float32 on the CPU)"}
     (b / "inputs.json").write_text(json.dumps(meta))
     import gguf as gguf_package
     shutil.copytree(Path(gguf_package.__file__).parent, b / "gguf", ignore=shutil.ignore_patterns("__pycache__"))
@@ -257,14 +257,14 @@ def agree(args) -> int:
     float32 on this machine, the kernels under the Triton interpreter (about 5 minutes for 40 tokens)."""
     from safetensors.torch import load_file
 
-    from sglang_ext.models.draft_acceptance import (
+    from tools.draft_training.draft_acceptance import (
         accept_length,
         chain_drafts,
         decode_walk,
         tree_accept_length,
         tree_drafts,
     )
-    from sglang_ext.models.mtp_layer import MtpLayer
+    from tools.draft_training.mtp_layer import MtpLayer
 
     inputs = Path(args.inputs)
     sys.path.insert(0, str(inputs))
@@ -313,7 +313,7 @@ def main() -> int:
     p = sub.add_parser("pack", help="build the device's input folders here")
     p.add_argument("--mtp", required=True, help="a train-draft checkpoint folder")
     p.add_argument("--heldout", required=True,
-                   help="draft_variants.py heldout's --cache file (the held-out prompts and CPU continuations)")
+                   help="benchmarks/spec_acceptance.py's --cache file (the held-out prompts and CPU continuations)")
     p.add_argument("--prompts", type=int, default=80)
     p.add_argument("--out", default=".spec_gpu")
     r = sub.add_parser("run", help="measure (on the GPU; under the Triton interpreter elsewhere)")
@@ -331,7 +331,7 @@ def main() -> int:
                    help="earlier text before each prompt (other held-out continuations), for longer contexts")
     g = sub.add_parser("agree", help="the loop's rounds against the acceptance simulation, here (CPU)")
     g.add_argument("--inputs", required=True)
-    g.add_argument("--heldout", required=True, help="draft_variants.py heldout's --cache file")
+    g.add_argument("--heldout", required=True, help="benchmarks/spec_acceptance.py's --cache file")
     g.add_argument("--workdir", default="/tmp/spec_gpu_loop")
     g.add_argument("--which", type=int, nargs="+", default=[0, 1, 2], help="held-out sequences")
     g.add_argument("--new-tokens", type=int, default=40)

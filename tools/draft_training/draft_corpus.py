@@ -150,7 +150,7 @@ class NucleusGumbel:
     one drawn by the Gumbel-max trick. Top-p sampling restricted to the
     candidates, without a softmax and a multinomial draw over the whole vocabulary: on the 2-core development
     machine a sampled batch of 128 prompts generated 205 tokens/s through transformers' sampling (top-p 0.95)
-    against 491 greedy (bf16, 64 new tokens); see docs/speculative-decoding.md."""
+    against 491 greedy (bf16, 64 new tokens)."""
 
     def __init__(self, temperature: float, generator: torch.Generator, top_p: float = NUCLEUS_TOP_P,
                  candidates: int = NUCLEUS_CANDIDATES):

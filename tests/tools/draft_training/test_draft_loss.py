@@ -4,12 +4,12 @@ with explicit sequences (the layer's own output fed back, as NEXTN does), and th
 import pytest
 import torch
 import torch.nn.functional as F
-
-from sglang_ext.models.draft_corpus import Sequence
-from sglang_ext.models.draft_loss import OutputHead, collate, corpus_vocab, top_targets, unrolled_losses
-from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights
-from sglang_ext.models.mtp_layer import MtpLayer
 from tiny_llama import TINY_CONFIG, write_tiny_llama
+
+from sglang_ext.models.mtp_checkpoint import fixed_seed_mtp_weights
+from tools.draft_training.draft_corpus import Sequence
+from tools.draft_training.draft_loss import OutputHead, collate, corpus_vocab, top_targets, unrolled_losses
+from tools.draft_training.mtp_layer import MtpLayer
 
 H, V = TINY_CONFIG["hidden_size"], TINY_CONFIG["vocab_size"]
 

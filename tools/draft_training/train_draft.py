@@ -30,16 +30,17 @@ from torch.optim.swa_utils import AveragedModel
 
 from sglang_ext.env import ext_home
 from sglang_ext.models.builtin import DEFAULT_MODEL_NAME, ModelPrepareError, default_model_dir
-from sglang_ext.models.draft_acceptance import measure
-from sglang_ext.models.draft_corpus import HELDOUT_TOPICS, Sequence, generate, prompts, train_prompts
-from sglang_ext.models.draft_loss import OutputHead, collate, corpus_vocab, top_targets, unrolled_losses
 from sglang_ext.models.mtp_checkpoint import (
     fixed_seed_mtp_weights,
     load_config,
     load_mtp_weights,
     write_mtp_checkpoint,
 )
-from sglang_ext.models.mtp_layer import MtpLayer
+from tools.draft_training.draft_acceptance import measure
+from tools.draft_training.draft_corpus import HELDOUT_TOPICS, Sequence, generate, prompts, train_prompts
+from tools.draft_training.draft_loss import OutputHead, collate, corpus_vocab, top_targets, unrolled_losses
+from tools.draft_training.mtp_layer import MtpLayer
+
 
 def default_draft_dir() -> Path:
     return ext_home() / "models" / f"{DEFAULT_MODEL_NAME}-MTP"
@@ -102,7 +103,7 @@ class DraftTrainConfig:
     single_step_share: float = 0.75
     # Every other corpus batch is sampled, the others greedy. All greedy (on the first pass over the prompts)
     # measured +0.02 chain and tree on 80 held-out prompts in one paired run (2026-12-03) and was not confirmed by
-    # a second seed: not adopted (docs/benchmarks/speculative.md).
+    # a second seed: not adopted (the raw runs are in git history).
     sample_temperature: float = 0.8
     draft_steps: int = 3
     # The trained layer's acceptance is also measured with tree drafts of the same draft_steps verified tokens
