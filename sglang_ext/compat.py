@@ -20,6 +20,7 @@ _LAZY = {
     "PlatformCapabilities": "sglang.srt.platforms.interface:PlatformCapabilities",
     "PlatformEnum": "sglang.srt.platforms.device_mixin:PlatformEnum",
     "CpuDeviceMixin": "sglang.srt.platforms.cpu:CpuDeviceMixin",  # CPU device ops: psutil memory, gloo
+    "CudaDeviceMixin": "sglang.srt.platforms.cuda:CudaDeviceMixin",  # CUDA/ROCm device ops: torch.cuda, NCCL
     # Internal: SGLang's HiCache page-hash extension (C++, built by torch on first use; hicache/hooks.py loads it
     # while the storage backend is created, not in the prefetch thread).
     "load_hicache_native_hash": "sglang.srt.mem_cache.cpp_utils.native_hash:_load_native_hash_module",

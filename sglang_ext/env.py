@@ -11,6 +11,8 @@ def ext_home() -> Path:
 
 # Name of the portable CPU platform's entry point; SGLang's own variable selects it.
 SGLANG_PLATFORM = "SGLANG_PLATFORM"
+# Which of our platforms the one entry point activates: portable_cpu or portable_gpu (platform/__init__.py).
+PLATFORM_CHOICE = "SGLANG_EXT_PLATFORM"
 
 # KV pool budget in GiB for the portable CPU platform when neither --mem-fraction-static nor
 # --max-total-tokens is given (default: 10 % of available RAM, at most 2 GiB).

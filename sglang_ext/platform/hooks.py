@@ -5,7 +5,7 @@ GPU host nothing here touches SGLang.
 """
 
 from sglang_ext import compat, hook_chain
-from sglang_ext.platform import activate, batch_invariant
+from sglang_ext.platform import batch_invariant, cpu_platform_active
 from sglang_ext.platform.host_pool import host_pool_cls_for
 from sglang_ext.platform.memory import HICACHE_HOST_RESERVE_BYTES
 from sglang_ext.platform.prefix_attention import run_sdpa_forward_extend
@@ -13,7 +13,7 @@ from sglang_ext.platform.seeded_sampling import murmur_hash32
 
 
 def register() -> list[str]:
-    if activate() is None:
+    if not cpu_platform_active():
         return []
     hook_chain.register(compat.HOOK_GET_MHA_HOST_POOL_CLS, host_pool_cls_for, compat.HookType.AROUND)
     compat.set_hicache_host_memory_reserve(HICACHE_HOST_RESERVE_BYTES)

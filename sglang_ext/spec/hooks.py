@@ -16,10 +16,10 @@ from collections.abc import Callable
 import torch
 
 from sglang_ext import compat, env, hook_chain
-from sglang_ext.platform import activate
+from sglang_ext.import_patch import after_import, provide_module
+from sglang_ext.platform import cpu_platform_active
 from sglang_ext.spec import adapters, eagle_ops, gpu_plan
 from sglang_ext.spec.draft_backends import add_torch_native, compressed_triton_draft
-from sglang_ext.import_patch import after_import, provide_module
 from sglang_ext.spec.verify_attention import target_verify_attention
 
 logger = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def register() -> list[str]:
     global _registered
     if _registered:
         return []
-    if activate() is not None:
+    if cpu_platform_active():
         _registered = True
         return _register_cpu()
     platform = gpu_platform()

@@ -1,0 +1,62 @@
+"""PortableGpuPlatform: SGLang's server on a GPU that torch and Triton drive (CUDA or ROCm torch), without
+sgl_kernel, flashinfer or aiter.
+
+It registers as an out-of-tree platform (PlatformEnum.OOT), so every fused op (RMSNorm, SiLU-and-mul, rotary,
+top-k, ...) takes its `forward_native` torch path, while keeping SGLang's CUDA device operations (torch.cuda
+memory queries, NCCL). Attention is SGLang's Triton backend (ours for the compressed KV formats), sampling is
+SGLang's torch sampler, CUDA graphs stay on, custom all-reduce is off (NCCL only).
+
+`activate()` (platform/__init__.py) installs the kernel-library guard (platform/kernel_guard.py) before it
+returns this class, so SGLang's `sgl_kernel` imports meet the guard, never the library.
+"""
+
+from sglang_ext import compat
+from sglang_ext.platform.kernel_guard import PLATFORM_NAME
+
+
+class PortableGpuPlatform(compat.CudaDeviceMixin, compat.SRTPlatform):
+    _enum = compat.PlatformEnum.OOT
+    device_name = "cuda"
+    device_type = "cuda"
+    capabilities = compat.PlatformCapabilities(supports_triton=True, graph_capture=True, supports_pynccl=True)
+
+    def apply_server_args_defaults(self, server_args) -> None:
+        """Fill defaults the user left unset; refuse choices that need a library this platform lacks."""
+        server_args.device = "cuda"
+        if server_args.attention_backend is None:
+            server_args.attention_backend = "triton"
+        if server_args.sampling_backend is None:
+            server_args.sampling_backend = "pytorch"
+        if server_args.moe_runner_backend == "auto":
+            server_args.moe_runner_backend = "triton"
+        if server_args.speculative_draft_attention_backend is None:
+            server_args.speculative_draft_attention_backend = "triton"
+        server_args.disable_custom_all_reduce = True  # sgl_kernel's custom all-reduce: NCCL instead
+        for field, allowed in SUPPORTED_BACKENDS.items():
+            value = getattr(server_args, field)
+            if value is not None and value not in allowed:
+                raise ValueError(f"--{field.replace('_', '-')} {value} is not supported on the {PLATFORM_NAME} "
+                                 f"platform; use {' or '.join(allowed)}")
+
+    def get_default_attention_backend(self) -> str:
+        return "triton"
+
+    def get_default_speculative_draft_attention_backend(self, algorithm: str) -> str:
+        return "triton"
+
+    def get_dispatch_key_name(self) -> str:
+        return "native"
+
+    # Speculative decoding: the Triton / torch ops of sglang_ext/spec are installed by its register() (plugin).
+    def supports_speculative_algorithm(self, algorithm: str) -> bool:
+        from sglang_ext.spec import SUPPORTED_ALGORITHMS
+
+        return algorithm.upper() in SUPPORTED_ALGORITHMS
+
+
+# Backends that reach only torch / Triton code on this platform.
+SUPPORTED_BACKENDS = {
+    "attention_backend": ("triton",),
+    "sampling_backend": ("pytorch",),
+    "moe_runner_backend": ("triton",),
+}

@@ -1,0 +1,100 @@
+"""One SGLang process on a faked GPU under the portable GPU platform (run by test_portable_gpu.py).
+
+argv[1]: "cuda" (an H200) or "hip" (an RX 7900 XTX, gfx1100, chosen by the platform itself); argv[2]: a model
+folder. Only torch's device queries are faked (availability, name, capability, properties, and torch.version for a
+ROCm build). flashinfer and DeepGEMM are made absent, as on a bare GPU machine; sgl_kernel is installed here and
+must never be loaded; aiter is not installed here, and SGLang imports it unconditionally on ROCm. Prints one JSON line: the platform SGLang resolved, its server-argument defaults, what
+`sgl_kernel` is in this process, the served modules that failed to import, and two refusals (one line each).
+"""
+
+import importlib
+import importlib.abc
+import importlib.util
+import json
+import sys
+import types
+
+import torch
+
+device, model = sys.argv[1], sys.argv[2]
+ABSENT = ("flashinfer", "deep_gemm", "deep_ep", "sgl_flash_mla")
+
+
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] in ABSENT:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+sys.meta_path.insert(0, Absent())
+_find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, package=None: (
+    None if name.partition(".")[0] in ABSENT else _find_spec(name, package))
+
+name, cap, arch = ("NVIDIA H200", (9, 0), "") if device == "cuda" else ("AMD Radeon RX 7900 XTX", (11, 0), "gfx1100")
+props = types.SimpleNamespace(total_memory=24 << 30, name=name, major=cap[0], minor=cap[1],
+                              multi_processor_count=96, gcnArchName=f"{arch}:sramecc-:xnack-", warp_size=32)
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
+torch.cuda.current_device = lambda: 0
+torch.cuda.get_device_name = lambda device=None: name
+torch.cuda.get_device_capability = lambda device=None: cap
+torch.cuda.get_device_properties = lambda device=None: props
+if device == "hip":
+    torch.version.hip, torch.version.cuda = "6.4.0", None
+
+from sglang.srt.platforms import current_platform
+
+SERVED = [
+    "sglang.srt.models.llama", "sglang.srt.models.qwen3", "sglang.srt.models.qwen3_moe", "sglang.srt.models.qwen3_5",
+    "sglang.srt.layers.attention.triton_backend", "sglang.srt.layers.attention.hybrid_linear_attn_backend",
+    "sglang.srt.layers.moe.fused_moe_triton.layer", "sglang.srt.layers.sampler", "sglang.srt.mem_cache.radix_cache",
+    "sglang.srt.mem_cache.memory_pool_host", "sglang.srt.managers.cache_controller",
+    "sglang.srt.speculative.eagle_worker_v2", "sglang.srt.speculative.ngram_worker",
+    "sglang.srt.model_executor.model_runner", "sglang.srt.managers.scheduler", "sglang.launch_server",
+]
+failed = {}
+for module in SERVED:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 (reported; the test fails on any)
+        failed[module] = f"{type(exc).__name__}: {exc}"
+
+from sglang.srt.arg_groups.model_override_base import resolving_view
+from sglang.srt.server_args import prepare_server_args
+
+FIELDS = ("device", "attention_backend", "sampling_backend", "moe_runner_backend",
+          "speculative_draft_attention_backend", "disable_cuda_graph", "disable_custom_all_reduce")
+
+
+def resolved(extra):
+    args = prepare_server_args(["--model-path", model, *extra])
+    args.resolve_once()
+    view = resolving_view(args)
+    return {field: getattr(view, field) for field in FIELDS}
+
+
+def refusal(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 (the refusal is the result)
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+import aiter
+import sgl_kernel
+import sgl_kernel.kvcacheio
+
+print(json.dumps({
+    "platform": type(current_platform).__name__,
+    "out_of_tree": current_platform.is_out_of_tree(),
+    "defaults": resolved([]),
+    "user_choice_kept": resolved(["--disable-cuda-graph"])["disable_cuda_graph"],
+    "sgl_kernel": type(sgl_kernel).__name__,
+    "aiter": type(aiter).__name__,
+    "silu_and_mul": f"{sgl_kernel.silu_and_mul.__module__}.{sgl_kernel.silu_and_mul.__name__}",
+    "failed_imports": failed,
+    "unprovided_call": refusal(lambda: sgl_kernel.kvcacheio.transfer_kv_per_layer(None)),
+    "flashinfer_backend": refusal(lambda: resolved(["--attention-backend", "flashinfer"])),
+}))
