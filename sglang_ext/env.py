@@ -18,6 +18,10 @@ PLATFORM_CHOICE = "SGLANG_EXT_PLATFORM"
 # --max-total-tokens is given (default: 10 % of available RAM, at most 2 GiB).
 CPU_KV_BUDGET_GB = "SGLANG_EXT_CPU_KV_BUDGET_GB"
 
+# Triton's own switch: "1" runs Triton kernels on CPU tensors (its interpreter). The portable CPU platform accepts
+# `--attention-backend triton` only with it set.
+TRITON_INTERPRET = "TRITON_INTERPRET"
+
 # SGLang's per-rank CPU binding; the CPU platform fills it for multi-rank (TP/PP) servers when unset.
 CPU_THREADS_BIND = "SGLANG_CPU_OMP_THREADS_BIND"
 

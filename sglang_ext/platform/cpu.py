@@ -10,6 +10,7 @@ import os
 from sglang_ext import compat
 from sglang_ext.env import CPU_THREADS_BIND
 from sglang_ext.platform.memory import default_kv_budget_bytes, mem_fraction_for_budget, weight_bytes_estimate
+from sglang_ext.platform.triton_interpreter import check_triton_interpreted
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +19,10 @@ class PortableCpuPlatform(compat.CpuDeviceMixin, compat.SRTPlatform):
     _enum = compat.PlatformEnum.OOT
     device_name = "cpu"
     device_type = "cpu"
-    capabilities = compat.PlatformCapabilities()  # no Triton launches, no graphs, no HiCache device kernels
+    # SGLang core takes its torch paths (allocator, req-to-token writers), no graphs, no HiCache device kernels.
+    # `--attention-backend triton` still launches Triton kernels: under TRITON_INTERPRET=1 they run on CPU tensors
+    # (slow; for testing the GPU attention path, tests/kvcache/test_triton_server.py).
+    capabilities = compat.PlatformCapabilities()
 
     def apply_server_args_defaults(self, server_args) -> None:
         """Fill defaults the user left unset; `server_args` records our writes as platform defaults."""
@@ -27,6 +31,7 @@ class PortableCpuPlatform(compat.CpuDeviceMixin, compat.SRTPlatform):
         # after --enable-deterministic-inference has checked the backend, so resolve it here.
         if server_args.attention_backend in (None, "intel_amx"):
             server_args.attention_backend = "torch_native"
+        check_triton_interpreted(server_args)
         if server_args.sampling_backend is None:
             server_args.sampling_backend = "pytorch"
         server_args.disable_cuda_graph = True
