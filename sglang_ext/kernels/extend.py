@@ -1,8 +1,9 @@
 """Extend (prefill) attention: each request's new tokens attend to its compressed prefix, read from the planes
-through kv_indices (which cover the prefix only, as in SGLang), and to the new tokens themselves, taken at
-full precision from k_extend / v_extend (also already stored in the pool by store_kv), causally.
-Speculative verify passes new_slots: the new (draft) tokens are then read back from the planes at their slots,
-as decode reads its current token, so that verify computes what sequential decode steps would.
+through kv_indices (which cover the prefix only, as in SGLang), and to the new tokens themselves, causally.
+With new_slots (what serving passes for every extend: prefill chunks, radix-hit extends, speculative verify)
+the new tokens were stored first and are read back from the planes at their slots, through the format, as
+decode reads its current token: a token's K/V are the same bytes for every reader, whatever the chunking,
+cache state or scheduling. Without new_slots they are taken at full precision from k_extend / v_extend.
 
 Octave: q, k_extend and v_extend are rotated once into the K / V bases, the kernel works in the rotated basis
 throughout, and the output is un-rotated once. Grid (batch, KV head, query block): a program owns block_m new
@@ -15,13 +16,15 @@ instruction-heavy. When `scratch_plan` says so, the launcher instead dequantizes
 transient buffer in the attention basis (K's rotated basis for K, V's for V; bf16 when the dots take bf16
 operands, else float32) and runs the same kernel with FMT 0 over it (kv_indices = positions in the buffer,
 kv_indptr unchanged). Rules (scratch_plan, all on the host, no device sync):
-- only for int8 / octave (SCRATCH_KINDS), never for speculative verify (new_slots / custom_mask: the direct
-  path), and only when each request may span >= SCRATCH_MIN_QUERY_BLOCKS query blocks (from max_len_extend);
+- only for int8 / octave (SCRATCH_KINDS), never for speculative verify (custom_mask: the direct path), and only
+  when each request may span >= SCRATCH_MIN_QUERY_BLOCKS query blocks (from max_len_extend); with new_slots the
+  new tokens are dequantized too (the same way, into a [T, heads, D] buffer) and attended as FMT 0 rows;
 - bounded: the buffer holds kv_indices.shape[0] rows (the call's prefix tokens; never a whole layer) x KV
   heads x head_dim for K and V, at most SCRATCH_BYTES (256 MiB). Above that the KV heads are taken in
   chunks (heads are independent: no merge needed), each chunk's scratch reused; if one KV head's prefix
   alone exceeds the budget, the direct kernel runs (SGLang may over-allocate kv_indices to B x the context
-  length when it lacks the CPU prefix lengths: that too falls to head chunks or the direct path).
+  length when it lacks the CPU prefix lengths: that too falls to head chunks or the direct path). The new
+  tokens' buffer (with new_slots) is beside it: T rows of the same width, T being at most the prefill chunk.
 """
 
 from __future__ import annotations
@@ -195,9 +198,9 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     block [m_b, l_b + m_b] at mask_indptr[b]; it replaces the causal mask among the new tokens. Its prefix
     columns are not read: every query sees its whole prefix (as with SGLang's skip_prefix_custom_mask, the
     default of its Triton extend kernel; verify masks always have them set).
-    new_slots [>= T] int (speculative verify): the new tokens' slots, already written by store_kv; the new tokens'
-    K/V are then read from the planes there (through the format, as decode reads its current token) and
-    k_extend / v_extend are not read.
+    new_slots [>= T] int: the new tokens' slots, already written by store_kv; the new tokens' K/V are then read
+    from the planes there (through the format, as decode reads its current token) and k_extend / v_extend are
+    not read.
     prefix_scratch: None = scratch_plan's rule; True = the prefix scratch wherever allowed; False = the direct
     kernel. scratch_bytes: the scratch budget (None: SCRATCH_BYTES).
     Writes every row of o_extend; returns it."""
@@ -253,41 +256,52 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     use_mask = custom_mask is not None
     mask_bits = custom_mask.view(torch.uint8) if use_mask else qo_indptr
     consts = dict(GROUP=group, BLOCK_G=block_g, BLOCK_M=block_m, BLOCK_N=block_n, NB=d // 64,
-                  IS_CAUSAL=bool(is_causal), USE_CUSTOM_MASK=use_mask, NEW_FROM_POOL=new_slots is not None,
+                  IS_CAUSAL=bool(is_causal), USE_CUSTOM_MASK=use_mask,
                   LOGIT_CAP=float(logit_cap), DOT_BF16=bf16_dots, **launch_opts)
     q_blocks = triton.cdiv(max(int(max_len_extend), 1), block_m)
 
-    def launch(fmt_kind, lut_mode, k_n4_, v_n4_, kc_, ks_, vc_, vs_, indices, h0, h1):
-        # KV heads h0..h1-1: q / out / k_in / v_in as head-sliced views (the kernel follows their strides)
+    def launch(fmt_kind, lut_mode, k_n4_, v_n4_, kc_, ks_, vc_, vs_, indices, h0, h1, k_h, v_h, from_pool):
+        # KV heads h0..h1-1: q / out as head-sliced views, k_h / v_h the new tokens' rows of those heads (the
+        # kernel follows their strides); from_pool: the new tokens are read at new_slots instead
         q_h, o_h = q_in[:, h0 * group:h1 * group], out[:, h0 * group:h1 * group]
-        k_h, v_h = k_in[:, h0:h1], v_in[:, h0:h1]
         _extend_kernel[(batch, h1 - h0, q_blocks)](
             q_h, k_h, v_h, o_h, kc_, ks_, vc_, vs_, qo_indptr, kv_indptr, indices, mask_bits,
             mask_indptr if use_mask else qo_indptr, new_slots if new_slots is not None else qo_indptr, sm_scale,
             q_h.stride(0), q_h.stride(1), k_h.stride(0), k_h.stride(1), v_h.stride(0), v_h.stride(1),
             o_h.stride(0), o_h.stride(1), kc_.stride(0), kc_.stride(1), ks_.stride(0), ks_.stride(1),
             vc_.stride(0), vc_.stride(1), vs_.stride(0), vs_.stride(1),
-            FMT=fmt_kind, K_N4=k_n4_, V_N4=v_n4_, LUT=lut_mode, **consts)
+            FMT=fmt_kind, K_N4=k_n4_, V_N4=v_n4_, LUT=lut_mode, NEW_FROM_POOL=from_pool, **consts)
 
     scratch_dtype = torch.bfloat16 if bf16_dots else torch.float32
     plan = scratch_plan(kind, kv_indices.shape[0], h_kv, d, max_len_extend, block_m, scratch_dtype.itemsize,
-                        new_slots is not None or use_mask, prefix_scratch, scratch_bytes)
+                        use_mask, prefix_scratch, scratch_bytes)
     if prefix_scratch:
         assert plan is not None, "prefix_scratch=True: not allowed here (format, verify, empty prefix or budget)"
     if plan is None:
-        launch(kind, level_decode(q_extend, bf16_dots, lut), k_n4, v_n4, kc, ks, vc, vs, kv_indices, 0, h_kv)
+        launch(kind, level_decode(q_extend, bf16_dots, lut), k_n4, v_n4, kc, ks, vc, vs, kv_indices, 0, h_kv, k_in,
+               v_in, new_slots is not None)
     else:
         rows = kv_indices.shape[0]
         width = max(h1 - h0 for h0, h1 in plan)
         k_s = torch.empty(rows, width, d, dtype=scratch_dtype, device=dev)
         v_s = torch.empty(rows, width, d, dtype=scratch_dtype, device=dev)
+        # the new tokens' rows, read back from the pool like the prefix (with new_slots)
+        k_n = v_n = None
+        if new_slots is not None:
+            k_n = torch.empty(t, width, d, dtype=scratch_dtype, device=dev)
+            v_n = torch.empty(t, width, d, dtype=scratch_dtype, device=dev)
         positions = torch.arange(rows, dtype=torch.int32, device=dev)
         ph = tables.identity_placeholder(dev).view(1, 1, 1)
         for h0, h1 in plan:
             k_c, v_c = k_s[:, :h1 - h0], v_s[:, :h1 - h0]
             dequantize_rotated(fmt, planes, kv_indices, k_c, v_c, head_base=h0, limit=kv_indptr[batch:],
                                lut=lut)
-            launch(tables.FMT_BF16, 0, 0, 0, k_c, ph, v_c, ph, positions, h0, h1)
+            if new_slots is None:
+                k_h, v_h = k_in[:, h0:h1], v_in[:, h0:h1]
+            else:
+                k_h, v_h = k_n[:, :h1 - h0], v_n[:, :h1 - h0]
+                dequantize_rotated(fmt, planes, new_slots, k_h, v_h, head_base=h0, lut=lut)
+            launch(tables.FMT_BF16, 0, 0, 0, k_c, ph, v_c, ph, positions, h0, h1, k_h, v_h, False)
     if fmt.rotated:
         rotate_rows(out, o_extend, rotation.V_TENSOR, True)
     return o_extend
