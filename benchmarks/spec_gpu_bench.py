@@ -1,9 +1,13 @@
-"""Speculative-decoding ops on a GPU: our Triton kernels against the torch ops, and a NEXTN speed-up model built from
-measured step times of the built-in model's shape. No SGLang import (SGLang does not run on the lent H200).
+"""Speculative decoding on a GPU without SGLang: the "On a GPU (standalone, H200)" tables of
+docs/benchmarks/speculative.md: (a) our Triton spec kernels against the torch ops, (b) step times of the built-in
+model's shape: decode, chain and tree verify of 4 tokens, draft steps, over SDPA and our KV pool formats.
 
-    # on the H200 (one device call)
-    PYTHONUNBUFFERED=1 python3 benchmarks/spec_gpu_bench.py --out $OUT
-    # here, tiny sizes under the Triton interpreter (the harness only, no timings worth reading)
+    # on a CUDA GPU, no SGLang needed (the second command ran 164 s on an H200)
+    PYTHONUNBUFFERED=1 python3 benchmarks/spec_gpu_bench.py --out OUT_DIR
+    PYTHONUNBUFFERED=1 python3 benchmarks/spec_gpu_bench.py --skip-kernels --kernels-json \
+        docs/benchmarks/spec-gpu-h200-batch8.json --attention sdpa bf16 int8 octave_k3v4 octave_k3v3 \
+        --batches 1 8 --tree-topk 4 --out OUT_DIR
+    # on a CPU, tiny sizes under the Triton interpreter (checks the harness only; its timings mean nothing)
     TRITON_INTERPRET=1 .venv/bin/python benchmarks/spec_gpu_bench.py --quick --out /tmp/sgb
 
 (a) Every Triton spec kernel (sglang_ext/kernels/spec_*.py) on random inputs at batch 1 and 8 against its torch op

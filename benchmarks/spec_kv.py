@@ -1,8 +1,14 @@
-"""NEXTN over each KV format against the plain server of the same format, on the portable CPU platform.
+"""Speculative decoding served by SGLang on the portable CPU platform against the plain server: the "Served on
+the CPU platform" table of docs/benchmarks/speculative.md (greedy identity, the server's accept length, tokens/s).
 
     python benchmarks/spec_kv.py [--kv auto int8 octave_k3v4 octave_k3v3] [--deterministic] [--draft DIR]
                                  [--prompts tests|heldout] [--batch B] [--algorithm NEXTN|NGRAM] [--out F]
                                  [--topk 1 4] [--draft-tokens N]
+    # the table's rows: a trained layer (python -m tools.draft_training --out DIR), chain and tree, batch 1
+    python benchmarks/spec_kv.py --kv auto --prompts heldout --draft DIR --topk 1 4 --out served.json
+
+Time: every server start takes 40-70 s on 2 CPU cores; the 16 held-out prompts take 2-3 minutes per server at
+batch 1 (about 15 tokens/s plain, 10-12 speculative), so the command above runs about 10 minutes.
 
 Per KV format: a plain server, then a NEXTN server (fixed-seed MTP layer, or --draft DIR, a trained one; 3 steps,
 topk 1, 4 draft tokens), one
@@ -35,7 +41,9 @@ from pathlib import Path
 
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # tools/ (the held-out prompts of draft training) is not installed
 from server import ServerProcess  # noqa: E402
 from spec.test_spec_serving import BASE_ARGS, NEW_TOKENS, NGRAM_ARGS, PROMPTS, nextn_args  # noqa: E402
 
@@ -53,8 +61,8 @@ def prompt_set(name: str, model: str) -> tuple[list[dict], int, bool]:
         return [{"text": p} for p in PROMPTS], NEW_TOKENS, True
     from transformers import AutoTokenizer
 
-    from sglang_ext.models.draft_corpus import HELDOUT_TOPICS, prompts
-    from sglang_ext.models.train_draft import DraftTrainConfig
+    from tools.draft_training.draft_corpus import HELDOUT_TOPICS, prompts
+    from tools.draft_training.train_draft import DraftTrainConfig
 
     config = DraftTrainConfig()
     ids = prompts(HELDOUT_TOPICS, AutoTokenizer.from_pretrained(model), config.heldout_prompts, config.seed)
@@ -119,8 +127,8 @@ def main() -> None:
     ap.add_argument("--algorithm", choices=["NEXTN", "NGRAM"], default="NEXTN")
     ap.add_argument("--topk", type=int, nargs="+", default=[1], help="--speculative-eagle-topk, one server each")
     ap.add_argument("--draft-tokens", type=int, default=4, help="--speculative-num-draft-tokens")
-    ap.add_argument("--draft", default=None, help="a trained MTP folder (train-draft's output); default: the "
-                    "fixed-seed untrained layer")
+    ap.add_argument("--draft", default=None, help="a trained MTP folder (python -m tools.draft_training's output); "
+                    "default: the fixed-seed untrained layer")
     args = ap.parse_args()
     model = str(prepare())
     if args.draft:
