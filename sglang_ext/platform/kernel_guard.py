@@ -18,8 +18,10 @@ from sglang_ext.platform import gpu_ops
 
 PLATFORM_NAME = "portable_gpu"
 GUARDED_LIBRARIES = ("sgl_kernel", "aiter")
-# SGLang's own switches for the other two libraries; the platform sets them before SGLang reads them.
-LIBRARY_SWITCHES = {"SGLANG_IS_FLASHINFER_AVAILABLE": "false", "SGLANG_USE_AITER": "0"}
+# SGLang's own switches, set before SGLang reads them: flashinfer and aiter off, and no start-up check of the
+# installed sglang-kernel version (the launcher otherwise refuses to start on CUDA without the package).
+LIBRARY_SWITCHES = {"SGLANG_IS_FLASHINFER_AVAILABLE": "false", "SGLANG_USE_AITER": "0",
+                    "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1"}
 
 
 class UnprovidedOp:

@@ -62,6 +62,7 @@ for module in SERVED:
 
 from sglang.srt.arg_groups.model_override_base import resolving_view
 from sglang.srt.server_args import prepare_server_args
+from sglang.srt.utils.common import assert_pkg_version
 
 FIELDS = ("device", "attention_backend", "sampling_backend", "moe_runner_backend",
           "speculative_draft_attention_backend", "disable_cuda_graph", "disable_custom_all_reduce")
@@ -95,6 +96,7 @@ print(json.dumps({
     "aiter": type(aiter).__name__,
     "silu_and_mul": f"{sgl_kernel.silu_and_mul.__module__}.{sgl_kernel.silu_and_mul.__name__}",
     "failed_imports": failed,
+    "sgl_kernel_version_check": refusal(lambda: assert_pkg_version("sglang-kernel", "99.0", "")),
     "unprovided_call": refusal(lambda: sgl_kernel.kvcacheio.transfer_kv_per_layer(None)),
     "flashinfer_backend": refusal(lambda: resolved(["--attention-backend", "flashinfer"])),
 }))

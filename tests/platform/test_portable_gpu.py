@@ -78,7 +78,7 @@ def test_selection_refusals(monkeypatch):
 
 def _run_process(device: str, model_dir: str, environ: dict) -> dict:
     run_env = {**os.environ, **environ}
-    for name in (env.SGLANG_PLATFORM, "SGLANG_IS_FLASHINFER_AVAILABLE", "SGLANG_USE_AITER"):
+    for name in (env.SGLANG_PLATFORM, *kernel_guard.LIBRARY_SWITCHES):
         run_env.pop(name, None)
     done = subprocess.run([sys.executable, str(SCRIPT), device, model_dir], check=False, env=run_env, capture_output=True,
                           text=True, timeout=300)
@@ -103,6 +103,8 @@ def test_sglang_process_on_the_platform(model_dir, device, environ):
     assert result["sgl_kernel"] == "GuardedModule" and result["aiter"] == "GuardedModule"
     assert result["silu_and_mul"] == "sglang_ext.platform.gpu_ops.silu_and_mul"
     assert result["failed_imports"] == {}
+    # the launcher's sglang-kernel version check is skipped (asked for 99.0: it would refuse any installed version)
+    assert result["sgl_kernel_version_check"] is None
     assert result["unprovided_call"] == ("NotImplementedError: sgl_kernel.kvcacheio.transfer_kv_per_layer "
                                          "is not provided by the portable_gpu platform")
     assert result["flashinfer_backend"] == ("ValueError: --attention-backend flashinfer is not supported on the "
