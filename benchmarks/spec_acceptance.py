@@ -7,6 +7,9 @@ docs/benchmarks/speculative.md.
         --topk 4 --draft-tokens 4                                                    # tree drafts, 3 verified
 
 The held-out continuations (greedy, float32) are made once and saved to --cache; each later run only simulates.
+Time, measured with --prompts 16 on 2 CPU cores shared with other jobs (load average about 10): 536 s the first
+time (about 7 minutes of it the continuations), 264 s from the cache (tree drafts, an untrained layer: every
+position a verify round, the slowest case). Both grow with --prompts; 176 prompts take about 11 times as long.
 The prompts are the first --prompts of the held-out topics (never trained on) in train-draft's seed-0 order, so
 the first 16 are the set train-draft itself prints; each is continued greedily by up to 128 tokens. Acceptance is
 train-draft's plain-torch simulation of SGLang's EAGLE drafting (tools/draft_training/draft_acceptance.py; a
