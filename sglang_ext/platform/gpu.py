@@ -10,8 +10,13 @@ SGLang's torch sampler, CUDA graphs stay on, custom all-reduce is off (NCCL only
 returns this class, so SGLang's `sgl_kernel` imports meet the guard, never the library.
 """
 
+import dataclasses
+
 from sglang_ext import compat
 from sglang_ext.platform.kernel_guard import PLATFORM_NAME
+
+# SGLang's CUDA-graph backend names (model_executor/cuda_graph_config.py).
+BREAKABLE_GRAPHS, NO_GRAPHS = "breakable", "disabled"
 
 
 class PortableGpuPlatform(compat.CudaDeviceMixin, compat.SRTPlatform):
@@ -32,6 +37,13 @@ class PortableGpuPlatform(compat.CudaDeviceMixin, compat.SRTPlatform):
         if server_args.speculative_draft_attention_backend is None:
             server_args.speculative_draft_attention_backend = "triton"
         server_args.disable_custom_all_reduce = True  # sgl_kernel's custom all-reduce: NCCL instead
+        # SGLang's prefill graphs ("breakable", its CUDA default) hold outputs through sgl_kernel's weak_ref_tensor,
+        # which this platform does not provide; decode graphs ("full") stay on. A user's explicit choice is kept.
+        graphs = server_args.cuda_graph_config
+        if (server_args.cuda_graph_backend_prefill is None and graphs is not None
+                and graphs.prefill.backend == BREAKABLE_GRAPHS):
+            server_args.cuda_graph_config = dataclasses.replace(
+                graphs, prefill=dataclasses.replace(graphs.prefill, backend=NO_GRAPHS))
         for field, allowed in SUPPORTED_BACKENDS.items():
             value = getattr(server_args, field)
             if value is not None and value not in allowed:

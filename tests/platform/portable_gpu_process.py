@@ -72,7 +72,9 @@ def resolved(extra):
     args = prepare_server_args(["--model-path", model, *extra])
     args.resolve_once()
     view = resolving_view(args)
-    return {field: getattr(view, field) for field in FIELDS}
+    graphs = view.cuda_graph_config
+    return {**{field: getattr(view, field) for field in FIELDS},
+            "graphs": [graphs.decode.backend, graphs.prefill.backend]}
 
 
 def refusal(fn):
@@ -92,6 +94,7 @@ print(json.dumps({
     "out_of_tree": current_platform.is_out_of_tree(),
     "defaults": resolved([]),
     "user_choice_kept": resolved(["--disable-cuda-graph"])["disable_cuda_graph"],
+    "user_prefill_graphs": resolved(["--cuda-graph-backend-prefill", "breakable"])["graphs"],
     "sgl_kernel": type(sgl_kernel).__name__,
     "aiter": type(aiter).__name__,
     "silu_and_mul": f"{sgl_kernel.silu_and_mul.__module__}.{sgl_kernel.silu_and_mul.__name__}",

@@ -97,8 +97,10 @@ def test_sglang_process_on_the_platform(model_dir, device, environ):
         "device": "cuda", "attention_backend": "triton", "sampling_backend": "pytorch",
         "moe_runner_backend": "triton", "speculative_draft_attention_backend": "triton",
         "disable_cuda_graph": False, "disable_custom_all_reduce": True,
+        "graphs": ["full", "disabled"],  # decode graphs on; prefill's "breakable" needs sgl_kernel.weak_ref_tensor
     }
     assert result["user_choice_kept"] is True  # --disable-cuda-graph stays the user's
+    assert result["user_prefill_graphs"] == ["full", "breakable"]  # so does an explicit prefill backend
     # sgl_kernel is installed here, yet the process never loads it; aiter is not installed and still imports
     assert result["sgl_kernel"] == "GuardedModule" and result["aiter"] == "GuardedModule"
     assert result["silu_and_mul"] == "sglang_ext.platform.gpu_ops.silu_and_mul"
