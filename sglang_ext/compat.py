@@ -166,6 +166,27 @@ TREE_CORE_BACKEND_PYTHON = "python"
 # `evict_for_alloc`, and the step that evicts one device leaf (demote if backed up, else drop).
 URC_EVICT_WALK = "_evict"  # (self, params, available_size_targets=None, *, allocation_reclaim_satisfied=None)
 URC_EVICT_DEVICE_LEAF = "_evict_device_leaf"  # (self, node_id, tracker) -> Optional[BackupKV]
+# --- hybrid GDN models on the portable CPU platform (sglang_ext/hybrid/) -----------------------------------
+# The Triton kernels SGLang's Gated DeltaNet path (Qwen3.5 / Qwen3-Next / qwen4_exp) calls off CUDA without
+# SGLANG_USE_CPU_ENGINE, replaced (REPLACE) by the torch ops of sglang_ext.hybrid.ops of the same name; the
+# gated RMSNorm's `layernorm_fn` by an adapter. Their importers bind them with `from X import Y`.
+GDN_KERNEL_TARGETS = {
+    "chunk_gated_delta_rule": "sglang.kernels.ops.attention.fla.chunk.chunk_gated_delta_rule",
+    "fused_sigmoid_gating_delta_rule_update":
+        "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent.fused_sigmoid_gating_delta_rule_update",
+    "fused_recurrent_gated_delta_rule_packed_decode":
+        "sglang.kernels.ops.attention.fla.fused_recurrent.fused_recurrent_gated_delta_rule_packed_decode",
+    "causal_conv1d_fn": "sglang.kernels.ops.mamba.causal_conv1d_triton.causal_conv1d_fn",
+    "causal_conv1d_update": "sglang.kernels.ops.mamba.causal_conv1d_triton.causal_conv1d_update",
+    "fused_gdn_gating": "sglang.kernels.ops.attention.linear.fused_gdn_gating.fused_gdn_gating",
+    "fused_qkvzba_split_reshape_cat": "sglang.kernels.ops.attention.triton_gdn_fused_proj.fused_qkvzba_split_reshape_cat",
+    "fused_qkvzba_split_reshape_cat_contiguous":
+        "sglang.kernels.ops.attention.triton_gdn_fused_proj.fused_qkvzba_split_reshape_cat_contiguous",
+    "fused_sigmoid_mul": "sglang.kernels.ops.elementwise.elementwise.fused_sigmoid_mul",
+    "layernorm_fn": "sglang.kernels.ops.attention.fla.layernorm_gated.layernorm_fn",
+    "fused_gate_sigmoid_mul": "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul",
+    "fused_gate_sigmoid_mul_add": "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add",
+}
 # --- speculative decoding on the portable CPU platform (sglang_ext/spec/) ----------------------------------
 # Functions replaced (HookRegistry REPLACE) by torch ops: their modules import on any platform, but on an
 # out-of-tree platform these functions launch Triton kernels on CPU tensors or refuse the platform.

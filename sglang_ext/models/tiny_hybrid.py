@@ -183,6 +183,17 @@ def hybrid_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
     return weights
 
 
+# Image and video preprocessing of the Qwen VL processor (transformers' Qwen2VL / Qwen3VL defaults, patch 16).
+_PROCESSOR_COMMON = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+                     "image_std": [0.5, 0.5, 0.5]}
+_VISION_PROCESSORS = {
+    "preprocessor_config.json": {"image_processor_type": "Qwen2VLImageProcessor", **_PROCESSOR_COMMON,
+                                 "size": {"shortest_edge": 65536, "longest_edge": 16777216}},
+    "video_preprocessor_config.json": {"video_processor_type": "Qwen3VLVideoProcessor", **_PROCESSOR_COMMON,
+                                       "size": {"shortest_edge": 4096, "longest_edge": 25165824}},
+}
+
+
 def write_hybrid(name: str, config_fn: Callable[[], dict]) -> Callable[[Path], None]:
     """A TINY_MODELS writer: config.json, model.safetensors (model + MTP layer) and the built-in tokenizer."""
 
@@ -195,6 +206,9 @@ def write_hybrid(name: str, config_fn: Callable[[], dict]) -> Callable[[Path], N
         save_file(hybrid_weights(config, _seed_of(name)), str(folder / "model.safetensors"), metadata={"format": "pt"})
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         _copy_tokenizer(folder)
+        if "vision_config" in config:  # SGLang builds the model's multimodal processor at start-up
+            for file, fields in _VISION_PROCESSORS.items():
+                (folder / file).write_text(json.dumps(fields, indent=2) + "\n")
 
     return write
 

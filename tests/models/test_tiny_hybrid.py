@@ -52,6 +52,9 @@ def test_shape_of_the_real_models(folders, name):
         table = [k for k in weights if ".ngram_embedding.shard_" in k]
         assert len(table) == config["split_ngram_parts"] and all(".layers.0.ple." in k for k in table)
         assert weights[prefix + "layers.3.self_attn.indexer.index_qk_proj.weight"].shape[1] == hidden
+        from transformers import AutoProcessor  # SGLang builds the VL model's processor at start-up
+
+        assert type(AutoProcessor.from_pretrained(folder)).__name__ == "Qwen3VLProcessor"
     else:
         assert weights["mtp.fc.weight"].shape == (hidden, 2 * hidden)
     assert (folder / "tokenizer.json").is_file()

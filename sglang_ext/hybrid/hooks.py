@@ -1,0 +1,60 @@
+"""Installs the torch GDN ops (`sglang_ext.hybrid.ops`) into SGLang on the portable CPU platform.
+
+Every Triton kernel SGLang's Gated DeltaNet path calls there (`compat.GDN_KERNEL_TARGETS`) is replaced through
+HookRegistry (REPLACE), which also rebinds the `from X import Y` copies its importers hold. On a GPU nothing is
+installed: SGLang's own kernels run. `hook_check` verifies after start-up that every target was applied, so a
+server never runs a hybrid model half on Triton-on-CPU.
+"""
+
+from sglang_ext import compat, hook_chain
+from sglang_ext.hybrid.ops import (
+    causal_conv1d,
+    gated_delta_rule,
+    gated_rmsnorm,
+    gating,
+    qkvzba_split,
+    recurrent,
+    shared_expert_gate,
+)
+from sglang_ext.hybrid.ops.errors import UnsupportedGdnOption
+from sglang_ext.platform import cpu_platform_active
+
+_registered = False
+
+
+def layernorm_fn(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True, is_rms_norm=False,
+                 activation: str = "swish"):
+    """SGLang's `fla.layernorm_gated.layernorm_fn`, RMS variant only (what the GDN output norm uses)."""
+    if not is_rms_norm:
+        raise UnsupportedGdnOption("layernorm_fn: only is_rms_norm=True (gated RMSNorm) has a torch op")
+    return gated_rmsnorm.rms_norm_gated(x, weight, bias, z=z, eps=eps, group_size=group_size,
+                                        norm_before_gate=norm_before_gate, activation=activation)
+
+
+TORCH_OPS = {
+    "chunk_gated_delta_rule": gated_delta_rule.chunk_gated_delta_rule,
+    "fused_sigmoid_gating_delta_rule_update": recurrent.fused_sigmoid_gating_delta_rule_update,
+    "fused_recurrent_gated_delta_rule_packed_decode": recurrent.fused_recurrent_gated_delta_rule_packed_decode,
+    "causal_conv1d_fn": causal_conv1d.causal_conv1d_fn,
+    "causal_conv1d_update": causal_conv1d.causal_conv1d_update,
+    "fused_gdn_gating": gating.fused_gdn_gating,
+    "fused_qkvzba_split_reshape_cat": qkvzba_split.fused_qkvzba_split_reshape_cat,
+    "fused_qkvzba_split_reshape_cat_contiguous": qkvzba_split.fused_qkvzba_split_reshape_cat_contiguous,
+    "fused_sigmoid_mul": gated_rmsnorm.fused_sigmoid_mul,
+    "layernorm_fn": layernorm_fn,
+    "fused_gate_sigmoid_mul": shared_expert_gate.fused_gate_sigmoid_mul,
+    "fused_gate_sigmoid_mul_add": shared_expert_gate.fused_gate_sigmoid_mul_add,
+}
+
+
+def register() -> list[str]:
+    global _registered
+    if _registered or not cpu_platform_active():
+        return []
+    _registered = True
+    missing = set(compat.GDN_KERNEL_TARGETS) ^ set(TORCH_OPS)
+    if missing:
+        raise RuntimeError(f"sglang_ext.hybrid: targets and torch ops differ: {sorted(missing)}")
+    for name, target in compat.GDN_KERNEL_TARGETS.items():
+        hook_chain.register(target, TORCH_OPS[name], compat.HookType.REPLACE)
+    return ["hybrid GDN ops (torch) on the cpu platform"]
