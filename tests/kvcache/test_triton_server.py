@@ -14,8 +14,9 @@ decode, chunked-prefill and radix requests with speculation on; its oracle is th
 the same model and format, since speculative greedy output equals plain decoding (verify reads the drafts back
 from the compressed pool, as decode reads its current token).
 
-Cost (4 cases, 7 servers, `-n 0`): 842 s on the 2-core development machine at a load average of 10-13 (other
-test runs beside it): server start-ups 51-176 s each there, workloads 9-46 s per triton server.
+Cost (4 cases, 7 servers, `-n 0`): 975 s on the 2-core development machine at a load average of 6-10 (other
+test runs beside it): server start-ups 100-155 s each there, workloads 18-62 s per triton server. Drafts
+accepted: 12 (chain), 13 (tree), 4 (NGRAM).
 """
 
 from __future__ import annotations
@@ -161,7 +162,27 @@ def test_triton_greedy_equals_torch_native(case, model, kv, features, record_pro
         running = [int(n) for n in re.findall(r"Prefill batch.*?#running-req: (\d+)", log)]
         assert max(running) >= 1, f"{case}: no prefill ran beside a decoding request (#running-req {running})"
     if "--speculative-algorithm" in features:
-        accepted = [r["meta_info"].get("spec_accept_length") for r in got.values()]
-        record_property("spec_accept_length", accepted)
         verified = sum(r["meta_info"].get("spec_verify_ct", 0) for r in got.values())
+        accepted = sum(r["meta_info"]["completion_tokens"] for r in got.values()) - verified
+        record_property("accepted_drafts", accepted)
         assert verified > 0, f"{case}: no verify step ran ({[r['meta_info'] for r in got.values()]})"
+        # Accepted drafts exercise the verify rows past the first and the move of their K/V (tiny.py's models
+        # are built so that drafts are often right).
+        assert accepted > 0, f"{case}: no draft was accepted in {verified} verify steps"
+
+
+@pytest.mark.parametrize("flag", ["attention_backend", "decode_attention_backend", "speculative_draft_attention_backend"])
+def test_triton_on_cpu_platform_needs_the_interpreter(flag, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from sglang_ext.platform.triton_interpreter import check_triton_interpreted
+
+    args = SimpleNamespace(**{"attention_backend": "torch_native", flag: "triton"})
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        check_triton_interpreted(args)
+    assert exc.value.code == 2
+    assert f"--{flag.replace('_', '-')} triton on the portable CPU platform needs TRITON_INTERPRET=1" in capsys.readouterr().err
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    check_triton_interpreted(args)
+    check_triton_interpreted(SimpleNamespace(attention_backend="torch_native"))
