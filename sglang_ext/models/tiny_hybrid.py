@@ -9,8 +9,9 @@ shared expert for the MoE model. Widths and counts are small so a CPU runs them 
 Weights follow tiny.py's rules (seeded by the model's name, independent of transformers' init), with the
 parameters those rules do not cover: Gemma-style norms (scale 1 + w) start at w = 0, the GDN output norm
 (scale w) at 1, A_log = log U(1, 16), dt_bias ~ N(0, 0.25), the depthwise conv N(0, 1 / width), each expert
-N(0, 1 / fan_in). Experts are written one tensor per expert and projection (the layout of the released
-checkpoints, which both transformers and SGLang load).
+N(0, 1 / fan_in), qwen4_exp's n-gram table N(0, 1) rounded to bf16 (SGLang holds that table in bf16, so it
+then holds the checkpoint's values exactly). Experts are written one tensor per expert and projection (the
+layout of the released checkpoints, which both transformers and SGLang load).
 """
 
 from __future__ import annotations
@@ -134,8 +135,10 @@ def _draw(name: str, shape: tuple[int, ...], hidden: int, generator: torch.Gener
         return 0.5 * torch.randn(shape, generator=generator)
     if name.endswith("conv1d.weight"):
         return torch.randn(shape, generator=generator) / math.sqrt(shape[-1])
-    if name.endswith(("embed_tokens.weight", "ngram_embedding.weight")):
+    if name.endswith("embed_tokens.weight"):
         return torch.randn(shape, generator=generator)
+    if name.endswith("ngram_embedding.weight"):  # SGLang holds this table in bf16: values it keeps exactly
+        return torch.randn(shape, generator=generator).to(torch.bfloat16).float()
     if name == "lm_head.weight":
         return torch.randn(shape, generator=generator) * (_LOGIT_STD / math.sqrt(hidden))
     if len(shape) >= 2:  # a matrix, a stack of expert matrices [experts, out, in], or a conv [out, in, ...]
