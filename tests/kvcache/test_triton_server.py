@@ -29,7 +29,6 @@ import time
 import pytest
 import requests
 import torch
-
 from server import ServerProcess
 
 CHUNK = 16
@@ -66,7 +65,7 @@ CASES = (
 
 def prompts() -> dict[str, list[int]]:
     gen = torch.Generator().manual_seed(37)
-    ids = lambda n: torch.randint(100, 40000, (n,), generator=gen).tolist()  # noqa: E731
+    ids = lambda n: torch.randint(100, 40000, (n,), generator=gen).tolist()
     long = ids(LONG)
     # NGRAM drafts from repeats in the context: a prompt that repeats itself gives it something to accept.
     loop = ids(6)
