@@ -199,19 +199,25 @@ def test_mma_decode_matches_reference(name, head_dim, group, h_kv, page_size, gi
     assert err < 1e-2, f"relative error {err:.2e} against the reference"
 
 
-def test_int8_default_takes_the_gluon_kernel_for_long_requests_only(device, monkeypatch):
+def test_int8_default_takes_the_gluon_kernel_for_long_requests_only(device):
     if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the default choice of an NVIDIA GPU of compute capability 9")
     from sglang_ext.kernels import decode
+    from sglang_ext.kernels.decode_plan import plan_decode
 
-    taken = []
-    real = decode._decode_mma
-    monkeypatch.setattr(decode, "_decode_mma", lambda *a, **k: taken.append(1) or real(*a, **k))
     fmt = get_format("int8", 128)
-    for length, gluon in ((decode.MMA_INT8_MIN_TOKENS - 32, False), (decode.MMA_INT8_MIN_TOKENS, True)):
+    for length, stage1 in ((decode.MMA_INT8_MIN_TOKENS - 32, "triton"), (decode.MMA_INT8_MIN_TOKENS, "mma")):
         planes = fmt.allocate(2 * length, 1, device)
+        gen = torch.Generator(device=device).manual_seed(length)
+        store_kv(fmt, planes, torch.arange(2 * length, device=device),
+                 torch.randn(2 * length, 1, 128, device=device, generator=gen),
+                 torch.randn(2 * length, 1, 128, device=device, generator=gen))
         ip = torch.tensor([0, length, 2 * length], dtype=torch.int32, device=device)
-        q = torch.randn(2, 8, 128, device=device).to(torch.bfloat16)
-        taken.clear()
-        decode_attention(fmt, q, planes, torch.empty_like(q), ip, torch.arange(2 * length, device=device), 0.1)
-        assert bool(taken) == gluon, (length, taken)
+        idx = torch.arange(2 * length, device=device)
+        q = torch.randn(2, 8, 128, device=device, generator=gen).to(torch.bfloat16)
+        plan = plan_decode(fmt, planes, batch=2, num_q_heads=8, q_dtype=q.dtype, seq_lens_sum=2 * length)
+        assert plan.stage1 == stage1, (length, plan.stage1)
+        o = decode.run_decode(plan, fmt, q, planes, torch.empty_like(q), ip, idx, 0.1)
+        ref = reference.decode_attention(fmt, q.float(), planes, ip, idx, 0.1)
+        err = ((o.float() - ref).norm() / ref.norm()).item()
+        assert err < 1e-2, f"{stage1} at {length} tokens: relative error {err}"
