@@ -48,3 +48,8 @@ SPEC_GPU_OPS = "SGLANG_EXT_SPEC_GPU_OPS"
 # exported by the launcher (platform/batch_invariant.py) so that the scheduler processes install the
 # batch-invariant hooks; without it they install none and the default path is untouched.
 BATCH_INVARIANT = "SGLANG_EXT_BATCH_INVARIANT"
+
+# How an extend (prefill chunk) over a compressed KV pool attends to its own new tokens
+# (kvcache/new_token_reads.py): "full" (default: at full precision, as computed) or "pool" (stored first and read
+# back through the format, like every cached token: the same bytes for every reader).
+KV_EXTEND_NEW_TOKENS = "SGLANG_EXT_KV_EXTEND_NEW_TOKENS"

@@ -5,9 +5,11 @@ Per forward step `init_forward_metadata` lists the slots each sequence reads (a 
 only, dequantized and attended: for the whole batch in one call (`batched_attention`), or per request for
 prefill chunks (the format's torch reference). Target verify takes SGLang's custom mask (tree drafts).
 New extend tokens attend to their own K/V as computed (not the stored codes), the cached prefix is read back
-from the pool, exactly as the Triton kernels do on GPU, so CPU runs measure what GPU serving computes.
-Target verify is the exception: its draft tokens are stored first and read back through the format, as decode
-reads its current token, so that verify computes the logits sequential decode steps would (greedy output with
+from the pool, exactly as the Triton kernels do on GPU, so CPU runs measure what GPU serving computes; with
+`SGLANG_EXT_KV_EXTEND_NEW_TOKENS=pool` (kvcache/new_token_reads.py) every extend stores its new tokens first
+and reads them back through the format, so every reader of a token's K/V reads the same bytes.
+Target verify always does the latter: its draft tokens are read back through the format, as decode reads its
+current token, so that verify computes the logits sequential decode steps would (greedy output with
 speculation = without).
 """
 
@@ -24,6 +26,7 @@ from sglang_ext.kvcache.batched_attention import (
     pad_batch,
     read_new_tokens_from_pool,
 )
+from sglang_ext.kvcache.new_token_reads import extend_reads_pool
 from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
 from sglang_ext.kvformats import reference
 from sglang_ext.platform import batch_invariant
@@ -112,6 +115,8 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
             if mode.is_draft_extend_v2():
                 # Every request extends by the same few draft tokens: pad and run the batch at once.
                 self.padded = pad_batch(self.plan, new_tokens=True)
+                if extend_reads_pool():
+                    self.padded = read_new_tokens_from_pool(self.padded, forward_batch.out_cache_loc)
         else:
             raise NotImplementedError(
                 f"--kv-cache-dtype {self.kv_format.name} on torch_native: forward mode {mode.name} is not supported"
@@ -131,15 +136,17 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
             raise NotImplementedError(f"--kv-cache-dtype {self.kv_format.name}: extend without fresh K/V")
         k3 = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
         v3 = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
+        from_pool = extend_reads_pool() or forward_batch.forward_mode.is_target_verify()
         if save_kv_cache:
             self._store(layer, forward_batch, k3, v3)
-        elif forward_batch.forward_mode.is_target_verify():
-            raise NotImplementedError(f"--kv-cache-dtype {self.kv_format.name}: target verify reads the drafts "
-                                      "from the pool, so it must store them (save_kv_cache)")
+        elif from_pool:
+            raise NotImplementedError(f"--kv-cache-dtype {self.kv_format.name}: this extend reads its new tokens "
+                                      "back from the pool, so it must store them (save_kv_cache)")
         q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         planes = self.kv_pool.layer_planes(layer.layer_id)
         if self.padded is not None and batch_invariant.rows_alone() and not self.padded.new_tokens:
-            o = self._one_query_at_a_time(q3, planes, layer)  # target verify
+            # target verify (and draft extend in pool mode): every key is in the pool
+            o = self._one_query_at_a_time(q3, planes, layer)
             return o.to(q.dtype).reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
         if self.padded is not None:
             o = batched_attention(
@@ -159,6 +166,7 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
             plan.kv_indices,
             layer.scaling,
             logit_cap=logit_cap_of(layer),
+            new_slots=forward_batch.out_cache_loc if from_pool else None,
         )
         return o.to(q.dtype).reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 

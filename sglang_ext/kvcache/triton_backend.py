@@ -78,6 +78,7 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None, aux_tensors=None
     ):
         from sglang_ext.kernels import extend_attention
+        from sglang_ext.kvcache.new_token_reads import extend_reads_pool
 
         self._check(layer, sinks, score_mod, aux_tensors)
         if k is None or v is None:
@@ -85,11 +86,14 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         k3 = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim).contiguous()
         v3 = v.view(-1, layer.tp_v_head_num, layer.v_head_dim).contiguous()
         verify = forward_batch.forward_mode.is_target_verify()
+        # Verify, and every extend with SGLANG_EXT_KV_EXTEND_NEW_TOKENS=pool (kvcache/new_token_reads.py), reads its
+        # new tokens back through the format at out_cache_loc, like the cached prefix: the same bytes for every reader.
+        from_pool = verify or extend_reads_pool()
         if save_kv_cache:
             self._store(layer, forward_batch, k3, v3)
-        elif verify:
-            raise NotImplementedError(f"--kv-cache-dtype {self.kv_format.name}: target verify reads the drafts "
-                                      "from the pool, so it must store them (save_kv_cache)")
+        elif from_pool:
+            raise NotImplementedError(f"--kv-cache-dtype {self.kv_format.name}: this extend reads its new tokens "
+                                      "back from the pool, so it must store them (save_kv_cache)")
         o = torch.empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
         md = self.forward_metadata
         plan = self._decode_plan if verify else None
@@ -114,7 +118,7 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
             logit_cap=logit_cap_of(layer),
             custom_mask=verify_mask,
             mask_indptr=md.mask_indptr if verify_mask is not None else None,
-            new_slots=forward_batch.out_cache_loc if verify else None,
+            new_slots=forward_batch.out_cache_loc if from_pool else None,
         )
         return o
 

@@ -139,3 +139,21 @@ def test_prefix_scratch_reads_new_tokens_from_pool(name, device, monkeypatch):
     for i, (a, b) in enumerate(zip(got, ref)):
         err = (a - b).abs().max().item()
         assert err < TOL, f"{name}: scratch with new_slots, sequence {i}: differs from the reference by {err}"
+
+
+def test_extend_mode_from_the_environment(monkeypatch):
+    from sglang_ext.kvcache import new_token_reads
+
+    for value, want in ((None, False), ("full", False), ("pool", True), (" Pool ", True)):
+        if value is None:
+            monkeypatch.delenv("SGLANG_EXT_KV_EXTEND_NEW_TOKENS", raising=False)
+        else:
+            monkeypatch.setenv("SGLANG_EXT_KV_EXTEND_NEW_TOKENS", value)
+        new_token_reads.extend_reads_pool.cache_clear()
+        assert new_token_reads.extend_reads_pool() is want, value
+    monkeypatch.setenv("SGLANG_EXT_KV_EXTEND_NEW_TOKENS", "fp32")
+    new_token_reads.extend_reads_pool.cache_clear()
+    with pytest.raises(ValueError, match="expected one of"):
+        new_token_reads.extend_reads_pool()
+    monkeypatch.delenv("SGLANG_EXT_KV_EXTEND_NEW_TOKENS")
+    new_token_reads.extend_reads_pool.cache_clear()
