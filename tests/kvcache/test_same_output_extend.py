@@ -157,3 +157,34 @@ def test_extend_mode_from_the_environment(monkeypatch):
         new_token_reads.extend_reads_pool()
     monkeypatch.delenv("SGLANG_EXT_KV_EXTEND_NEW_TOKENS")
     new_token_reads.extend_reads_pool.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["octave_k3v3"])
+def test_verify_with_custom_mask_reads_new_tokens_in_the_kernel(name, device):
+    # With a custom mask (speculative verify) the kernel decodes the new tokens' codes itself (NEW_FROM_POOL);
+    # every other extend with new_slots dequantizes them first. Both must equal the reference.
+    fmt = get_format(name, HEAD_DIM, None)
+    planes, seqs = _sequences(fmt, device)
+    spans = [(30, 36), (19, 23)]
+    blocks = []
+    for a, b in spans:
+        m = b - a
+        blocks.append(torch.cat([torch.ones(m, a, dtype=torch.bool), torch.ones(m, m, dtype=torch.bool).tril()], 1))
+    mask = torch.cat([blk.flatten() for blk in blocks]).to(device)
+    mask_indptr = _indptr([blk.numel() for blk in blocks], device)
+    q = torch.cat([s[0][a:b] for s, (a, b) in zip(seqs, spans)])
+    k = torch.cat([s[1][a:b] for s, (a, b) in zip(seqs, spans)])
+    v = torch.cat([s[2][a:b] for s, (a, b) in zip(seqs, spans)])
+    new = torch.cat([s[3][a:b] for s, (a, b) in zip(seqs, spans)])
+    prefix = torch.cat([s[3][:a] for s, (a, _b) in zip(seqs, spans)])
+    qo, kvp = _indptr([b - a for a, b in spans], device), _indptr([a for a, _b in spans], device)
+    o = torch.full(q.shape, float("nan"), dtype=torch.float32, device=device)
+    extend_attention(fmt, q, k, v, o, planes, qo, kvp, prefix, 6, HEAD_DIM ** -0.5, block_m=8, block_n=16,
+                     dot_bf16=False, new_slots=new, custom_mask=mask, mask_indptr=mask_indptr)
+    ref = reference.extend_attention(fmt, q, k, v, planes, qo, kvp, prefix, HEAD_DIM ** -0.5, custom_mask=mask,
+                                     mask_indptr=mask_indptr, new_slots=new)
+    plain = _call(fmt, planes, seqs, spans, device, kernel=True, new_slots=True, scratch=False)
+    err = (o - ref).abs().max().item()
+    assert err < TOL, f"{name}: verify (custom mask, new tokens decoded in the kernel) vs reference: {err}"
+    err = (torch.cat(plain) - ref).abs().max().item()
+    assert err < TOL, f"{name}: causal extend (new tokens dequantized first) vs the causal-mask verify: {err}"
