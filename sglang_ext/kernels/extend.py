@@ -1,9 +1,10 @@
 """Extend (prefill) attention: each request's new tokens attend to its compressed prefix, read from the planes
 through kv_indices (which cover the prefix only, as in SGLang), and to the new tokens themselves, causally.
-With new_slots (what serving passes for every extend: prefill chunks, radix-hit extends, speculative verify)
-the new tokens were stored first and are read back from the planes at their slots, through the format, as
-decode reads its current token: a token's K/V are the same bytes for every reader, whatever the chunking,
-cache state or scheduling. Without new_slots they are taken at full precision from k_extend / v_extend.
+With new_slots (speculative verify; every extend when serving with SGLANG_EXT_KV_EXTEND_NEW_TOKENS=pool) the
+new tokens were stored first and are read back from the planes at their slots, through the format, as decode
+reads its current token: the same bytes every later reader sees. Verify (a custom mask) decodes them in the
+kernel; other extends dequantize them once into the attention basis first. Without new_slots they are taken
+at full precision from k_extend / v_extend.
 
 Octave: q, k_extend and v_extend are rotated once into the K / V bases, the kernel works in the rotated basis
 throughout, and the output is un-rotated once. Grid (batch, KV head, query block): a program owns block_m new
