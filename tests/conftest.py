@@ -44,17 +44,24 @@ def shared_server(server_pool) -> ServerProcess:
 
 # `make test` runs pytest -n 2 --dist loadfile --no-loadscope-reorder (pyproject's addopts): each file on one
 # worker (its module fixtures and servers built once; each worker has its own ServerPool), files handed out in
-# collection order. These files go first, longest first (seconds measured one process at a time on a 2-core
-# AVX2 CPU, 2026-12-02), so that no long file starts last; the rest follow in file order.
+# collection order. These files go first, longest first (seconds, one process at a time on 2 cores), so that no
+# long file starts last; the rest follow in file order.
 SLOW_FILES = {
     "tests/spec/test_spec_serving.py": 1840,
     "tests/kernels/test_attention.py": 981,
+    "tests/kvcache/test_triton_server.py": 600,
     "tests/pp/test_pp_e2e.py": 561,
     "tests/kvcache/test_kvcache_serving.py": 559,
     "tests/hicache/test_hicache_serving.py": 414,
+    "tests/kvcache/test_same_output_serving.py": 400,
     "tests/kernels/test_store_dequant.py": 299,
     "tests/sessions/test_agent_sessions.py": 264,
+    "tests/tools/test_native_loop.py": 250,
     "tests/ple/test_gemma3n_e2e.py": 137,
+    "tests/hybrid/test_hybrid_serving.py": 120,
+    "tests/hicache/test_hicache_kernel_io.py": 110,
+    "tests/kvcache/test_decode_plan.py": 100,
+    "tests/spec/test_spec_gpu_process.py": 70,
 }
 
 
