@@ -173,7 +173,7 @@ def test_register_reads_the_env_switch(monkeypatch):
                                        ("auto", "hip", {compat.HOOK_SPEC_VERIFY_USES_GREEDY})):
         registry, patcher = FakeRegistry(), FakePatcher()
         monkeypatch.setattr(hooks, "_registered", False)
-        monkeypatch.setattr(hooks, "activate", lambda: None)
+        monkeypatch.setattr(hooks, "cpu_platform_active", lambda: False)
         monkeypatch.setattr(hooks, "gpu_platform", lambda p=platform: p)
         monkeypatch.setattr(hooks, "hook_chain", registry)  # what register() registers through
         monkeypatch.setattr(hooks, "after_import", patcher)
