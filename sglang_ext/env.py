@@ -53,3 +53,6 @@ BATCH_INVARIANT = "SGLANG_EXT_BATCH_INVARIANT"
 # (kvcache/new_token_reads.py): "full" (default: at full precision, as computed) or "pool" (stored first and read
 # back through the format, like every cached token: the same bytes for every reader).
 KV_EXTEND_NEW_TOKENS = "SGLANG_EXT_KV_EXTEND_NEW_TOKENS"
+# A folder holding the tokenizer files tiny test models copy (models/tiny.py); default: the built-in model's folder
+# (prepared from its GGUF). The offline bundle points it at the tokenizer it carries.
+TOKENIZER_DIR = "SGLANG_EXT_TOKENIZER_DIR"

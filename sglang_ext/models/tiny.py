@@ -142,9 +142,12 @@ def _write_mimo_of(base_name: str) -> Callable[[Path], None]:
 
 
 def _copy_tokenizer(folder: Path) -> None:
+    import os
+
+    from sglang_ext.env import TOKENIZER_DIR
     from sglang_ext.models.builtin import prepare
 
-    source = prepare()
+    source = Path(os.environ[TOKENIZER_DIR]) if os.environ.get(TOKENIZER_DIR) else prepare()
     copied = [f for f in _TOKENIZER_FILES if (source / f).is_file()]
     if "tokenizer.json" not in copied:
         raise FileNotFoundError(f"{source} has no tokenizer.json; run `python -m sglang_ext.models prepare --force`")
