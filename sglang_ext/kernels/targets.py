@@ -128,25 +128,25 @@ def _mma_variants():
     """decode_mma's Gluon stage 1 (octave_k3v4 and octave_k3v3 at head_dim 128 and 256; int8 at 64, 128 and 256),
     NVIDIA targets only:
     mma.sync and movmatrix have no RDNA3 counterpart, and there decode runs decode._decode_stage1."""
-    from . import decode, decode_mma
+    from . import decode, mma_int8, mma_octave, mma_ptx
 
     i32 = "i32"
     strides = {s: i32 for s in ("stride_kc_slot", "stride_kc_head", "stride_ks_slot", "stride_ks_head",
                                 "stride_vc_slot", "stride_vc_head", "stride_vs_slot", "stride_vs_head", "stride_q_b",
                                 "stride_q_h", "stride_mo_b", "stride_mo_h", "stride_mo_s", "stride_ml_b", "stride_ml_h")}
     return [(f"decode_stage1_mma octave_k3v{3 if v3 else 4} d{d} n{n}" + (" qk8" if q8 else "")
-             + (" lazy" if lazy else ""), decode_mma._decode_stage1_mma, dict(
+             + (" lazy" if lazy else ""), mma_octave._decode_stage1_mma, dict(
         q_ptr="*fp32", k_codes="*u8", k_scales="*fp16", v_codes="*u8", v_scales="*fp16", kv_indptr="*i32",
         kv_indices="*i64", num_kv_splits="*i32", mid_o="*fp32", mid_lse="*fp32", sm_scale="fp32", lut_ptr="*i32",
         **strides, GROUP=C(8), BLOCK_N=C(n), MIN_BLOCK=C(decode.MIN_BLOCK_KV), WIDE=C(False), D256=C(d == 256),
-        SPLIT_MUL=C(1), V3=C(v3), Q8=C(q8), STEP4=C(decode_mma.q8_table(4)[0]),
-        STEP3=C(decode_mma.q8_table(3)[0]), LAZY=C(lazy)), {"num_warps": 1, BACKENDS: ("cuda",)})
+        SPLIT_MUL=C(1), V3=C(v3), Q8=C(q8), STEP4=C(mma_ptx.q8_table(4)[0]),
+        STEP3=C(mma_ptx.q8_table(3)[0]), LAZY=C(lazy)), {"num_warps": 1, BACKENDS: ("cuda",)})
         for v3 in (False, True) for d in (128, 256) for n in (16, 32) for layout in [f"d{d}{'v3' if v3 else ''}"]
         # bf16 scores, eager (round 18) and lazy where decode.MMA_LAZY has it; int8 scores at the default n, lazy
         # where decode.MMA_LAZY_QK8 has it
         for q8, lazy in ((False, False), (False, True), (True, layout in decode.MMA_LAZY_QK8))
         if (not lazy or layout in decode.MMA_LAZY) and (not q8 or n == decode.MMA_BLOCK_N[layout])] + [
-        (f"decode_stage1_mma int8 d{d} n{n}", decode_mma._decode_stage1_mma_int8, dict(
+        (f"decode_stage1_mma int8 d{d} n{n}", mma_int8._decode_stage1_mma_int8, dict(
             q_ptr="*bf16", k_codes="*i8", k_scales="*fp32", v_codes="*i8", v_scales="*fp32", kv_indptr="*i32",
             kv_indices="*i64", num_kv_splits="*i32", mid_o="*fp32", mid_lse="*fp32", sm_scale="fp32", lut_ptr="*i32",
             **strides, GROUP=C(8), BLOCK_N=C(n), MIN_BLOCK=C(decode.MIN_BLOCK_KV), WIDE=C(False), NB=C(d // 64),

@@ -1,6 +1,6 @@
-"""decode_mma, the Gluon stage 1 for 4-bit octave: its PTX lookups exhaustively through the CPU emulator
-(tests/kernels/ptx_emulator.py), its scope errors, and on a GPU (TRITON_INTERPRET=0) the kernel against the torch
-reference. Gluon kernels do not run under the interpreter, so on CPU only the first two parts run; the build
+"""The Gluon stage 1 (decode_mma's launch of mma_octave / mma_int8): its PTX lookups (mma_ptx) exhaustively
+through the CPU emulator (tests/kernels/ptx_emulator.py), its scope errors, and on a GPU (TRITON_INTERPRET=0) the
+kernel against the torch reference. Gluon kernels do not run under the interpreter, so on CPU only the first two parts run; the build
 for sm_80 / sm_86 / sm_90 is checked by test_targets.py."""
 
 import random
@@ -14,7 +14,8 @@ from sglang_ext.kernels import decode_attention, store_kv
 from sglang_ext.kvformats import get_format, reference
 from sglang_ext.kvformats.codebook import LEVELS
 
-decode_mma = pytest.importorskip("sglang_ext.kernels.decode_mma")
+mma_ptx = pytest.importorskip("sglang_ext.kernels.mma_ptx")
+mma_lut = pytest.importorskip("sglang_ext.kernels.mma_lut")
 
 
 def _bf16_levels() -> list[int]:
@@ -22,7 +23,7 @@ def _bf16_levels() -> list[int]:
     return [int(x) & 0xFFFF for x in t]
 
 
-LUT = [w & 0xFFFFFFFF for w in decode_mma.lut_words()]
+LUT = [w & 0xFFFFFFFF for w in mma_ptx.lut_words()]
 
 
 def test_one_token_lookup_gives_every_byte_its_two_levels():
@@ -30,7 +31,7 @@ def test_one_token_lookup_gives_every_byte_its_two_levels():
     for start in range(0, 256, 4):  # every byte value in every byte position of the word
         for rot in range(4):
             bs = [(start + (i + rot) % 4) for i in range(4)]
-            outs = _run(decode_mma._ptx_4bit_one_token(), [sum(b << (8 * i) for i, b in enumerate(bs))] + LUT, 4)
+            outs = _run(mma_ptx._ptx_4bit_one_token(), [sum(b << (8 * i) for i, b in enumerate(bs))] + LUT, 4)
             for k, b in enumerate(bs):
                 expect = want[b & 15] | (want[b >> 4] << 16)
                 assert outs[k] == expect, f"byte {b:#04x} at {k}: {outs[k]:#010x} != {expect:#010x}"
@@ -42,7 +43,7 @@ def test_two_token_lookup_interleaves_the_tokens_levels():
     words = [(rng.getrandbits(32), rng.getrandbits(32)) for _ in range(300)]
     words += [(sum(c << (4 * r) for r in range(8)), sum((15 - c) << (4 * r) for r in range(8))) for c in range(16)]
     for a, b in words:
-        outs = _run(decode_mma._ptx_4bit_two_tokens(), [a, b] + LUT, 8)
+        outs = _run(mma_ptx._ptx_4bit_two_tokens(), [a, b] + LUT, 8)
         for r in range(8):
             expect = want[(a >> 4 * r) & 15] | (want[(b >> 4 * r) & 15] << 16)
             assert outs[r] == expect, f"dim {r} of {a:#010x}, {b:#010x}: {outs[r]:#010x} != {expect:#010x}"
@@ -56,14 +57,14 @@ def test_three_bit_two_token_lookup_interleaves_the_tokens_levels():
     # every code in every dim of both tokens
     cases += [(sum((c & 3) << 2 * r for r in range(8)), sum(((7 - c) & 3) << 2 * r for r in range(8)),
                0xFF * (c >> 2), 0xFF * ((7 - c) >> 2)) for c in range(8)]
-    lut3 = LUT[len(decode_mma.LUT_NAMES):]
+    lut3 = LUT[len(mma_ptx.LUT_NAMES):]
     for i, (a2, b2, a1, b1) in enumerate(cases):
         h, j = i % 2, i % 4  # the halfword / byte of the loaded words that holds the lane's dims
         words = []
         for x, bits, pos in ((a2, 16, h), (b2, 16, h), (a1, 8, j), (b1, 8, j)):
             other = rng.getrandbits(32) & ~(((1 << bits) - 1) << bits * pos)  # the other lanes' bits
             words.append(other | x << bits * pos)
-        outs = _run(decode_mma._ptx_3bit_two_tokens(), words + [0x5140 + 0x2222 * h, 0x4040 + 0x1111 * j] + lut3, 8)
+        outs = _run(mma_ptx._ptx_3bit_two_tokens(), words + [0x5140 + 0x2222 * h, 0x4040 + 0x1111 * j] + lut3, 8)
         for r in range(8):
             ca = (a2 >> 2 * r) & 3 | ((a1 >> r) & 1) << 2
             cb = (b2 >> 2 * r) & 3 | ((b1 >> r) & 1) << 2
@@ -84,18 +85,18 @@ def _codes(word: int) -> list[int]:
 
 
 def test_int8_conversions_give_the_codes_as_f16():
-    m64 = LUT[decode_mma.LUT_ZEROS_AT.value - 1]
+    m64 = LUT[mma_lut.LUT_ZEROS_AT.value - 1]
     rng = random.Random(3)
     cases = [_int8_words(rng) for _ in range(200)]
     # every code value (-127..127; -128 is never stored but converts too) in every byte
     cases += [[sum(((c + k) % 256) << 8 * i for i in range(4)) for k in range(0, 16, 4)] for c in range(0, 256, 16)]
     for w in cases:
-        outs = _run(decode_mma._ptx_int8_one_token(), [w[0], w[1], m64], 4)
+        outs = _run(mma_ptx._ptx_int8_one_token(), [w[0], w[1], m64], 4)
         dims = _codes(w[0]) + _codes(w[1])
         for p in range(4):
             expect = _f16(dims[2 * p]) | _f16(dims[2 * p + 1]) << 16
             assert outs[p] == expect, f"pair {p} of {w[:2]}: {outs[p]:#010x} != {expect:#010x}"
-        outs = _run(decode_mma._ptx_int8_two_tokens(), w + [m64], 8)
+        outs = _run(mma_ptx._ptx_int8_two_tokens(), w + [m64], 8)
         a, b = _codes(w[0]) + _codes(w[1]), _codes(w[2]) + _codes(w[3])
         for r in range(8):
             expect = _f16(a[r]) | _f16(b[r]) << 16
@@ -105,38 +106,38 @@ def test_int8_conversions_give_the_codes_as_f16():
 def test_three_bit_lookup_with_table_operands_equals_levels_ptx():
     from sglang_ext.kernels import levels_ptx
 
-    lut3 = LUT[len(decode_mma.LUT_NAMES):]
+    lut3 = LUT[len(mma_ptx.LUT_NAMES):]
     rng = random.Random(1)
     for _ in range(300):
         w2, w1 = rng.getrandbits(32), rng.getrandbits(16)
-        assert _run(decode_mma._ptx_3bit_planes(), [w2, w1] + lut3, 8) == _run(levels_ptx.PTX_3BIT_PLANES.value,
+        assert _run(mma_ptx._ptx_3bit_planes(), [w2, w1] + lut3, 8) == _run(levels_ptx.PTX_3BIT_PLANES.value,
                                                                                [w2, w1], 8)
 
 
 def test_int8_score_levels_are_the_codebook_s_exactly():
     for bits in (3, 4):
-        step, u = decode_mma.q8_table(bits)
+        step, u = mma_ptx.q8_table(bits)
         assert len(u) == len(LEVELS[bits]) and all(0 <= x < 128 for x in u)  # prmt's sign-replicate zeroes them
         assert all(u[c] + u[len(u) - 1 - c] == 127 for c in range(len(u)))  # -L -> 127 - u(L)
-        assert tuple((x - decode_mma.Q8_BIAS) * step for x in u) == LEVELS[bits]
+        assert tuple((x - mma_ptx.Q8_BIAS) * step for x in u) == LEVELS[bits]
 
 
 def test_int8_score_lookups_give_the_7_bit_levels():
-    _, u4 = decode_mma.q8_table(4)
-    _, u3 = decode_mma.q8_table(3)
-    lut8 = [w & 0xFFFFFFFF for w in decode_mma.q8_lut_words()]
+    _, u4 = mma_ptx.q8_table(4)
+    _, u3 = mma_ptx.q8_table(3)
+    lut8 = [w & 0xFFFFFFFF for w in mma_ptx.q8_lut_words()]
     rng = random.Random(3)
     words = [rng.getrandbits(32) for _ in range(500)] + [sum(c << (4 * r) for r in range(8)) for c in range(16)]
     words += [sum(((c + r) % 16) << (4 * r) for r in range(8)) for c in range(16)]  # every code in every dim
     for w in words:  # 4-bit: nibble r is dim r; output 0 holds dims 0..3 as bytes, output 1 dims 4..7
-        outs = _run(decode_mma._ptx_k4_q8(), [w] + lut8[:4], 2)
+        outs = _run(mma_ptx._ptx_k4_q8(), [w] + lut8[:4], 2)
         got = [(outs[r // 4] >> (8 * (r % 4))) & 0xFF for r in range(8)]
         assert got == [u4[(w >> (4 * r)) & 15] for r in range(8)], hex(w)
     dims = ((0, 2, 4, 6), (8, 10, 12, 14), (1, 3, 5, 7), (9, 11, 13, 15))
     cases = [(rng.getrandbits(32), rng.getrandbits(32)) for _ in range(500)]
     cases += [(sum((c & 3) << (2 * j) for j in range(16)), 0xFFFF * (c >> 2)) for c in range(8)]
     for w2, w1 in cases:  # 3-bit: the planes' 16 dims; bits above the 1-bit plane's 16 are ignored
-        outs = _run(decode_mma._ptx_k3_q8(), [w2, w1] + lut8[4:], 4)
+        outs = _run(mma_ptx._ptx_k3_q8(), [w2, w1] + lut8[4:], 4)
         for c in range(4):
             got = [(outs[c] >> (8 * e)) & 0xFF for e in range(4)]
             assert got == [u3[((w2 >> (2 * d)) & 3) | (((w1 >> d) & 1) << 2)] for d in dims[c]], (hex(w2), c)
@@ -194,8 +195,7 @@ def test_mma_decode_matches_reference(name, head_dim, group, h_kv, page_size, gi
     assert not o[1].float().any(), "a request without KV must get zeros"
     err = ((o.float() - ref).norm() / ref.norm()).item()
     print(f"{name} d{head_dim} group {group} {opts}: relative error {err:.2e}")
-    # measured on the H200 (docs/benchmarks/kernels.md, rounds 19-20): bf16 scores 3.7e-3 to 4.8e-3, int8 scores
-    # 2.6e-3 to 3.3e-3 (1.1e-2 to 1.4e-2 in round 19, before the codebook's 7-bit grid and q's lo part)
+    # measured on the H200: bf16 scores 3.7e-3 to 4.8e-3, int8 scores 2.6e-3 to 3.3e-3
     assert err < 1e-2, f"relative error {err:.2e} against the reference"
 
 
