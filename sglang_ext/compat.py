@@ -41,6 +41,9 @@ _LAZY = {
     "KVWriteLoc": "sglang.srt.mem_cache.memory_pool:KVWriteLoc",
     "unwrap_write_loc": "sglang.srt.mem_cache.memory_pool:unwrap_write_loc",
     "GPU_MEMORY_TYPE_KV_CACHE": "sglang.srt.constants:GPU_MEMORY_TYPE_KV_CACHE",
+    # Internal: SGLang's hybrid (linear-attention + full-attention) KV pool; kvcache/hybrid_pool.py reads its
+    # full_kv_pool, full_attention_layer_id_mapping, layer_transfer_counter and start_layer.
+    "HybridLinearKVPool": "sglang.srt.mem_cache.memory_pool:HybridLinearKVPool",
     # Internal: attention backends the compressed-KV backends subclass (kvcache/torch_backend.py reads
     # token_to_kv_pool, req_to_token_pool; kvcache/triton_backend.py reads forward_metadata (qo_indptr,
     # kv_indptr, kv_indices, custom_mask, mask_indptr, max_extend_len, num_kv_splits), max_kv_splits,
@@ -85,6 +88,10 @@ HOOK_CONFIGURE_KV_CACHE_DTYPE = "sglang.srt.mem_cache.kv_cache_dtype.configure_k
 HOOK_KV_CACHE_CONFIGURE = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
 HOOK_POOL_CELL_SIZE = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size"
 HOOK_BUILD_MHA_KV_POOL = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_mha_kv_pool"
+# The class of the full-attention sub-pool inside SGLang's hybrid linear-attention pool (HybridLinearKVPool).
+HOOK_HYBRID_FULL_ATTENTION_POOL_CLASS = (
+    "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._hybrid_full_attention_pool_class"
+)
 HOOK_BUILD_FULL_ATTENTION_BACKEND = (
     "sglang.srt.model_executor.model_runner_components.attention_backend_setup._build_full_attention_backend_from_str"
 )
@@ -115,6 +122,11 @@ QWEN4_TOP_MODEL = "Qwen4ExpForConditionalGeneration"
 QWEN4_COPIED_ATTRS = "_COPIED_ATTRIBUTES"
 QWEN4_SHARD_MARK = ".ngram_embedding.shard_"  # checkpoint tensors `<prefix>.ngram_embedding.shard_<i>.weight`
 QWEN4_DEFAULT_SPLIT_PARTS = 512  # load_weights: getattr(text_config, "split_ngram_parts", 512)
+# Qwen4ExpNGramEmbedding.__init__ reads config.ple_offload_embedding (meta table + the offloaded class) and builds
+# its table in bf16/fp8; its forward and Qwen4ExpPLELayer._consume_prefetched_embeddings return bf16 rows.
+QWEN4_NGRAM_EMBEDDING = "Qwen4ExpNGramEmbedding"
+QWEN4_PLE_LAYER = "Qwen4ExpPLELayer"
+QWEN4_CONSUME_PREFETCHED = "_consume_prefetched_embeddings"
 # Gemma 3n: Gemma3nTextModel.embed_tokens_per_layer (nn.Embedding subclass with .embed_scale), loaded by name.
 GEMMA3N_MODULE = "sglang.srt.models.gemma3n_causal"
 GEMMA3N_TEXT_MODEL = "Gemma3nTextModel"
@@ -186,7 +198,19 @@ GDN_KERNEL_TARGETS = {
     "layernorm_fn": "sglang.kernels.ops.attention.fla.layernorm_gated.layernorm_fn",
     "fused_gate_sigmoid_mul": "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul",
     "fused_gate_sigmoid_mul_add": "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add",
+    # The commit of the accepted draft step's states after a speculative verify (NEXTN / MTP on hybrids).
+    "fused_mamba_state_scatter_with_mask":
+        "sglang.kernels.ops.mamba.mamba_state_scatter_triton.fused_mamba_state_scatter_with_mask",
+    "fused_conv_window_scatter_with_mask":
+        "sglang.kernels.ops.mamba.mamba_state_scatter_triton.fused_conv_window_scatter_with_mask",
+    "fused_conv_window_scatter_multi":
+        "sglang.kernels.ops.mamba.mamba_state_scatter_triton.fused_conv_window_scatter_multi",
 }
+# qwen4_exp's QSA indexer (a fused op) defines forward_cuda / forward_xpu only; on an out-of-tree platform the
+# fused-op dispatch calls forward_native, which raises NotImplementedError. Both of its forwards are
+# `_forward_impl`, SGLang's portable orchestration (torch fallbacks for non-CUDA tensors). hybrid/qsa.py.
+HOOK_QSA_INDEXER_FORWARD_NATIVE = "sglang.srt.layers.attention.qsa.qsa_indexer.QSAIndexer.forward_native"
+QSA_INDEXER_FORWARD_IMPL = "_forward_impl"
 # --- speculative decoding on the portable CPU platform (sglang_ext/spec/) ----------------------------------
 # Functions replaced (HookRegistry REPLACE) by torch ops: their modules import on any platform, but on an
 # out-of-tree platform these functions launch Triton kernels on CPU tensors or refuse the platform.
@@ -261,7 +285,12 @@ HOOKED_SIGNATURES = {
     HOOK_KV_CACHE_CONFIGURE: "(self, *, pre_model_load_memory)",
     HOOK_POOL_CELL_SIZE: "(self, kvc, num_layers)",
     HOOK_BUILD_MHA_KV_POOL: "(self, *, max_total_num_tokens, mha_pool_class, quant_method=None)",
+    HOOK_HYBRID_FULL_ATTENTION_POOL_CLASS: "(self, *, mha_pool_class, mla_pool_class, dsa_pool_class)",
     HOOK_BUILD_FULL_ATTENTION_BACKEND: "(*, model_runner, backend_str, init_new_workspace)",
+    # qwen4_exp's QSA indexer on the portable CPU platform (hybrid/qsa.py)
+    HOOK_QSA_INDEXER_FORWARD_NATIVE: "(self, *args, **kwargs)",
+    f"{HOOK_QSA_INDEXER_FORWARD_NATIVE.rpartition('.')[0]}.{QSA_INDEXER_FORWARD_IMPL}": (
+        "(self, hidden_states, positions, forward_batch, indexer_metadata, cp_global_rope_positions=None)"),
     # HiCache (platform/host_pool.py, hicache/hooks.py)
     HOOK_GET_MHA_HOST_POOL_CLS: "(buffer_info)",
     HOOK_CREATE_STORAGE_BACKEND: "(backend_name, storage_config, mem_pool_host, **kwargs)",
@@ -287,6 +316,10 @@ HOOKED_SIGNATURES = {
     f"{QWEN4_MODULE}.{QWEN4_HOST_EMBEDDING}.__init__": "(self, embedding, *, backend='pinned', table_dir=None)",
     f"{QWEN4_MODULE}.{QWEN4_HOST_EMBEDDING}.gather": "(self, input_ids, out=None)",
     f"{QWEN4_MODULE}.{QWEN4_TOP_MODEL}.load_weights": "(self, weights)",
+    f"{QWEN4_MODULE}.{QWEN4_NGRAM_EMBEDDING}.__init__": (
+        "(self, config, embedding_dim, ple_layer_index=0, quant_config=None, prefix='')"),
+    f"{QWEN4_MODULE}.{QWEN4_NGRAM_EMBEDDING}.forward": "(self, batch, forward_batch)",
+    f"{QWEN4_MODULE}.{QWEN4_PLE_LAYER}.{QWEN4_CONSUME_PREFETCHED}": "(self, forward_batch)",
     f"{GEMMA3N_MODULE}.{GEMMA3N_TEXT_MODEL}.__init__": "(self, config, quant_config=None, prefix='')",
     # speculative decoding (spec/hooks.py): replaced ops
     HOOK_SPEC_VERIFY_TREE_GREEDY: (

@@ -15,8 +15,10 @@ from sglang_ext.hybrid.ops import (
     qkvzba_split,
     recurrent,
     shared_expert_gate,
+    state_scatter,
 )
 from sglang_ext.hybrid.ops.errors import UnsupportedGdnOption
+from sglang_ext.hybrid.qsa import qsa_indexer_forward_native
 from sglang_ext.platform import cpu_platform_active
 
 _registered = False
@@ -44,6 +46,9 @@ TORCH_OPS = {
     "layernorm_fn": layernorm_fn,
     "fused_gate_sigmoid_mul": shared_expert_gate.fused_gate_sigmoid_mul,
     "fused_gate_sigmoid_mul_add": shared_expert_gate.fused_gate_sigmoid_mul_add,
+    "fused_mamba_state_scatter_with_mask": state_scatter.fused_mamba_state_scatter_with_mask,
+    "fused_conv_window_scatter_with_mask": state_scatter.fused_conv_window_scatter_with_mask,
+    "fused_conv_window_scatter_multi": state_scatter.fused_conv_window_scatter_multi,
 }
 
 
@@ -57,4 +62,5 @@ def register() -> list[str]:
         raise RuntimeError(f"sglang_ext.hybrid: targets and torch ops differ: {sorted(missing)}")
     for name, target in compat.GDN_KERNEL_TARGETS.items():
         hook_chain.register(target, TORCH_OPS[name], compat.HookType.REPLACE)
+    hook_chain.register(compat.HOOK_QSA_INDEXER_FORWARD_NATIVE, qsa_indexer_forward_native, compat.HookType.REPLACE)
     return ["hybrid GDN ops (torch) on the cpu platform"]
