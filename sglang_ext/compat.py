@@ -403,6 +403,28 @@ HOOKED_SIGNATURES = {
 # ------------------------------------------------------------------------------------------------------------
 
 
+# --- paged MoE experts (sglang_ext/moe/sglang_glue.py) ------------------------------------------------------------
+# SGLang's --enable-paged-experts: its host store (pins memory), runner contracts (triton / Marlin), the expert
+# format table, the per-layer factory and the wave planner of its LRU residency.
+PAGED_EXPERTS_MODULE = "sglang.srt.layers.moe.paged_experts"
+HOOK_PAGED_STORE_INIT = f"{PAGED_EXPERTS_MODULE}.store.HostExpertStore.__init__"
+HOOK_PAGED_CONTRACT_FOR = f"{PAGED_EXPERTS_MODULE}.runners.contract_for"
+HOOK_PAGED_UNQUANT_RUNNER_METHOD = f"{PAGED_EXPERTS_MODULE}.formats.UnquantizedFormat.runner_method"
+HOOK_PAGED_MAKE_FOR_LAYER = f"{PAGED_EXPERTS_MODULE}.method.make_for_layer"
+HOOK_PAGED_AFTER_LOADING = f"{PAGED_EXPERTS_MODULE}.method.PagedExpertsMoEMethod.process_weights_after_loading"
+HOOK_PAGED_PLAN_WAVES = f"{PAGED_EXPERTS_MODULE}.residency.plan_waves"
+_LAZY["PagedTritonContract"] = f"{PAGED_EXPERTS_MODULE}.runners:TritonContract"
+_LAZY["PagedUnquantizedFormat"] = f"{PAGED_EXPERTS_MODULE}.formats:UnquantizedFormat"
+_LAZY["StandardCombineInput"] = "sglang.srt.layers.moe.token_dispatcher:StandardCombineInput"
+HOOKED_SIGNATURES.update({
+    HOOK_PAGED_STORE_INIT: "(self, layer, names, num_experts, pin=True)",
+    HOOK_PAGED_CONTRACT_FOR: "(runner)",
+    HOOK_PAGED_UNQUANT_RUNNER_METHOD: "(self, base_method)",
+    HOOK_PAGED_MAKE_FOR_LAYER: "(layer, base_method)",
+    HOOK_PAGED_AFTER_LOADING: "(self, layer)",
+    HOOK_PAGED_PLAN_WAVES: "(policy, distinct)",
+})
+
 def set_hicache_host_memory_reserve(nbytes: int) -> None:
     """SGLang keeps 10 GiB of host RAM out of reach of the HiCache host pool (a module constant read at each
     sizing call, `pool_host/base.py`). Sized for GPU servers; the CPU platform lowers it."""

@@ -56,3 +56,7 @@ KV_EXTEND_NEW_TOKENS = "SGLANG_EXT_KV_EXTEND_NEW_TOKENS"
 # A folder holding the tokenizer files tiny test models copy (models/tiny.py); default: the built-in model's folder
 # (prepared from its GGUF). The offline bundle points it at the tokenizer it carries.
 TOKENIZER_DIR = "SGLANG_EXT_TOKENIZER_DIR"
+
+# Paged MoE experts (sglang_ext/moe/sglang_glue.py): a file every process appends its routing and residency trace
+# to (JSON lines). Unset: no trace hooks.
+PAGED_EXPERTS_TRACE = "SGLANG_EXT_PAGED_EXPERTS_TRACE"
