@@ -5,7 +5,8 @@ Each hook passes through to SGLang's own code unless `--kv-cache-dtype` is one o
   dtype          the string resolves to (name, model dtype): the model computes K/V in its own dtype.
   checks         before sizing, `support.check_supported` refuses what the pool cannot serve.
   sizing         bytes per token = KV heads x layers x the format's bytes per (token, head).
-  pool           `CompressedMHATokenToKVPool` instead of the dense MHA pool.
+  pool           `CompressedMHATokenToKVPool` instead of the dense MHA pool; in SGLang's hybrid linear-attention
+                 pool, the class of its full-attention sub-pool (the Mamba state pool stays SGLang's).
   attention      triton / torch_native become the compressed-pool backends; any other backend is refused.
 """
 
@@ -21,6 +22,7 @@ _T_CONFIGURE_DTYPE = compat.HOOK_CONFIGURE_KV_CACHE_DTYPE
 _T_CONFIGURE_POOLS = compat.HOOK_KV_CACHE_CONFIGURE
 _T_CELL_SIZE = compat.HOOK_POOL_CELL_SIZE
 _T_BUILD_MHA_POOL = compat.HOOK_BUILD_MHA_KV_POOL
+_T_HYBRID_FULL_POOL_CLASS = compat.HOOK_HYBRID_FULL_ATTENTION_POOL_CLASS
 _T_BUILD_ATTENTION = compat.HOOK_BUILD_FULL_ATTENTION_BACKEND
 
 logger = logging.getLogger(__name__)
@@ -107,13 +109,22 @@ def _build_mha_kv_pool(original, self, *args, **kwargs):
     )
 
 
+def _hybrid_full_attention_pool_class(original, self, *args, **kwargs):
+    if not is_compressed_kv_dtype(self.kv_cache_dtype_str):
+        return original(self, *args, **kwargs)
+    from sglang_ext.kvcache.hybrid_pool import full_pool_factory
+    from sglang_ext.kvcache.support import kv_format_for
+
+    return full_pool_factory(kv_format_for(self))
+
+
 def _build_attention_backend(original, *args, **kwargs):
-    from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
+    from sglang_ext.kvcache.hybrid_pool import compressed_pool_of
 
     runner = kwargs["model_runner"]
     backend = kwargs["backend_str"]
-    pool = getattr(runner, "token_to_kv_pool", None)
-    if not isinstance(pool, CompressedMHATokenToKVPool):
+    pool = compressed_pool_of(getattr(runner, "token_to_kv_pool", None))
+    if pool is None:
         return original(*args, **kwargs)
     runner.init_new_workspace = kwargs.get("init_new_workspace", False)
     if backend == "torch_native":
@@ -137,5 +148,6 @@ def register() -> list[str]:
     hook_chain.register(_T_CONFIGURE_POOLS, _check_before_configure, compat.HookType.BEFORE)
     hook_chain.register(_T_CELL_SIZE, _compute_cell_size, compat.HookType.AROUND)
     hook_chain.register(_T_BUILD_MHA_POOL, _build_mha_kv_pool, compat.HookType.AROUND)
+    hook_chain.register(_T_HYBRID_FULL_POOL_CLASS, _hybrid_full_attention_pool_class, compat.HookType.AROUND)
     hook_chain.register(_T_BUILD_ATTENTION, _build_attention_backend, compat.HookType.AROUND)
     return [f"kv-cache-dtype {'/'.join(KV_CACHE_DTYPES)}"]

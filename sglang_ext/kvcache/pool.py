@@ -109,6 +109,10 @@ class CompressedMHATokenToKVPool(compat.MHATokenToKVPool):
             self.layer_transfer_counter.wait_until(layer_id - self.start_layer)
         return self._layer_planes[layer_id - self.start_layer]
 
+    def first_layer_planes(self) -> dict[str, torch.Tensor]:
+        """Planes of the first layer held here (their shapes and dtypes are every layer's)."""
+        return self._layer_planes[0]
+
     def layer_planes_for_transfer(self) -> list[dict[str, torch.Tensor]]:
         """Every layer's planes, for HiCache host moves (no wait on the layer-load counter)."""
         return list(self._layer_planes)

@@ -48,10 +48,15 @@ def check_supported(kvc) -> KVFormat:
             f"{flag} supports multi-head / grouped-query attention models only; {model} uses MLA "
             "(use --kv-cache-dtype auto, fp8_e4m3 or fp4 for MLA models)"
         )
-    if kvc.is_hybrid_swa or kvc.mambaish_config is not None:
+    if kvc.is_hybrid_swa:
         raise ValueError(
-            f"{flag} supports models whose every layer is full attention; {model} is a hybrid "
-            "(sliding-window or linear-attention) model"
+            f"{flag} supports full-attention models and linear-attention hybrids (Gated DeltaNet / Mamba layers "
+            f"beside full attention); {model} has sliding-window attention layers (use --kv-cache-dtype auto)"
+        )
+    if kvc.mambaish_config is not None and getattr(kvc.model_config.hf_text_config, "indexer_n_heads", None):
+        raise ValueError(
+            f"{flag} supports linear-attention hybrids with dense full attention; {model}'s full-attention layers "
+            "use a QSA sparse indexer (use --kv-cache-dtype auto)"
         )
     prefill, decode = compat.attention_backends()
     for phase, backend in (("prefill", prefill), ("decode", decode)):

@@ -26,8 +26,8 @@ from sglang_ext.kvcache.batched_attention import (
     pad_batch,
     read_new_tokens_from_pool,
 )
+from sglang_ext.kvcache.hybrid_pool import compressed_pool_of
 from sglang_ext.kvcache.new_token_reads import extend_reads_pool
-from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
 from sglang_ext.kvformats import reference
 from sglang_ext.platform import batch_invariant
 
@@ -64,13 +64,14 @@ def _host_list(host: list | torch.Tensor | None, device_tensor: torch.Tensor) ->
 
 class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
     """torch_native for `CompressedMHATokenToKVPool` on any device: decode, extend (incl. mixed chunks), target verify
-    (chain and tree drafts), draft extend."""
+    (chain and tree drafts), draft extend. On a hybrid linear-attention model it is the full-attention backend
+    SGLang's HybridLinearAttnBackend wraps, over the compressed sub-pool of its hybrid pool (kvcache/hybrid_pool.py)."""
 
     def __init__(self, model_runner):
         super().__init__(model_runner)
-        pool = self.token_to_kv_pool
-        if not isinstance(pool, CompressedMHATokenToKVPool):
-            raise TypeError(f"{type(self).__name__} needs a CompressedMHATokenToKVPool, got {type(pool).__name__}")
+        pool = compressed_pool_of(self.token_to_kv_pool)
+        if pool is None:
+            raise TypeError(f"{type(self).__name__} needs a compressed KV pool, got {type(self.token_to_kv_pool).__name__}")
         self.kv_pool = pool
         self.kv_format = pool.kv_format
         self.plan: BatchPlan | None = None

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import torch
 
 from sglang_ext import compat
+from sglang_ext.kvcache.hybrid_pool import HybridCompressedPool, compressed_pool_of
 from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
 from sglang_ext.kvcache.torch_backend import check_layer_supported, logit_cap_of
 
@@ -41,10 +42,12 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         against the pool's. This is narrower than a hook on TritonAttnBackend.__init__ (which would also reach
         dense pools) and leaves SGLang's constructor, and so the GPU path, running as written.
         """
-        pool = model_runner.token_to_kv_pool
-        if not isinstance(pool, CompressedMHATokenToKVPool):
-            raise TypeError(f"{type(self).__name__} needs a CompressedMHATokenToKVPool, got {type(pool).__name__}")
-        with value_buffer_shape_only(pool):
+        pool = compressed_pool_of(model_runner.token_to_kv_pool)
+        if pool is None:
+            raise TypeError(f"{type(self).__name__} needs a compressed KV pool, got "
+                            f"{type(model_runner.token_to_kv_pool).__name__}")
+        # A hybrid pool answers SGLang's v_head_dim question from its full-attention sub-pool.
+        with value_buffer_shape_only(pool.full if isinstance(pool, HybridCompressedPool) else pool):
             super().__init__(model_runner, *args, **kwargs)
         if self.v_head_dim != pool.v_head_dim:
             raise RuntimeError(f"TritonAttnBackend took v_head_dim {self.v_head_dim}, the {pool.kv_format.name} "
@@ -176,7 +179,7 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
             return None
         if batch == 0:
             return None
-        return plan_decode(self.kv_format, self.kv_pool.layer_planes(self.kv_pool.start_layer), batch=batch,
+        return plan_decode(self.kv_format, self.kv_pool.first_layer_planes(), batch=batch,
                            num_q_heads=self.num_head, q_dtype=self._q_dtype, seq_lens_sum=seq_lens_sum,
                            max_kv_splits=self.max_kv_splits, q_len=q_len, tree=tree,
                            kv_splits_given=mode.is_decode_or_idle())

@@ -152,7 +152,11 @@ def fake_configurator(**overrides):
     "overrides, backends, message",
     [
         ({"use_mla_backend": True}, ("torch_native", "torch_native"), "multi-head / grouped-query attention models only"),
-        ({"is_hybrid_swa": True}, ("triton", "triton"), "every layer is full attention"),
+        ({"is_hybrid_swa": True}, ("triton", "triton"),
+         "supports full-attention models and linear-attention hybrids .*sliding-window attention layers"),
+        ({"mambaish_config": object(), "model_config": SimpleNamespace(
+            head_dim=256, v_head_dim=256, model_path="m", hf_text_config=SimpleNamespace(indexer_n_heads=4))},
+         ("triton", "triton"), "hybrids with dense full attention; m's full-attention layers use a QSA sparse indexer"),
         ({}, ("flashinfer", "flashinfer"), "backend 'flashinfer' cannot read this format; supported: triton, torch_native"),
         ({"enable_hierarchical_cache": True, "hicache_mem_layout": "page_head"}, ("triton", "triton"),
          "--hicache-mem-layout 'page_head' is not supported; use one of layer_first, page_first, page_first_direct"),
@@ -167,7 +171,7 @@ def test_startup_refusals_name_what_is_supported(overrides, backends, message, m
         support.check_supported(fake_configurator(**overrides))
 
 
-@pytest.mark.parametrize("overrides", [{}, {"enable_hierarchical_cache": True}])
+@pytest.mark.parametrize("overrides", [{}, {"enable_hierarchical_cache": True}, {"mambaish_config": object()}])
 def test_supported_setup_passes(monkeypatch, overrides):
     monkeypatch.setattr(compat, "attention_backends", lambda: ("torch_native", "torch_native"))
     monkeypatch.setattr(compat, "get_parallel", lambda: SimpleNamespace(attn_dcp_size=1))
