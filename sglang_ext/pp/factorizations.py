@@ -21,6 +21,20 @@ def tp_problems(shape: ModelShape, tp: int) -> list[str]:
     return problems
 
 
+def valid_tp_sizes(shape: ModelShape, limit: int = 16) -> list[int]:
+    """The TP sizes up to `limit` that `tp_problems` accepts, ascending."""
+    return [tp for tp in range(1, limit + 1) if not tp_problems(shape, tp)]
+
+
+def tp_refusal(shape: ModelShape, tp: int) -> str | None:
+    """One line saying why `--tp-size tp` cannot shard this model and which sizes can; None when it can."""
+    problems = tp_problems(shape, tp)
+    if not problems:
+        return None
+    sizes = ", ".join(map(str, valid_tp_sizes(shape)))
+    return f"--tp-size {tp} cannot shard this model ({'; '.join(problems)}); tp sizes that can: {sizes}"
+
+
 def pp_problems(shape: ModelShape, pp: int) -> list[str]:
     """Why no `pp`-stage partition exists (empty: one does): make_layers needs a layer per stage, and the
     layers reading raw input ids must all fit on stage 0 with a layer left for every later stage."""

@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from .devices import visible_gpu_memory_gib
+from .factorizations import tp_refusal
 from .loading import load_shape
 from .model_shape import ModelShape
 from .partition import PartitionError, check_partition, default_partition, format_partition, parse_partition
@@ -132,6 +133,7 @@ def resolve_partition(value: str | tuple[int, ...], args: argparse.Namespace) ->
 
 
 def _apply_flag(_result: Any, _cls: type, args: argparse.Namespace) -> None:
+    _check_tp(args)
     value = getattr(args, DEST, None)
     env = os.environ.get(PARTITION_ENV)
     if value is None:
@@ -143,6 +145,19 @@ def _apply_flag(_result: Any, _cls: type, args: argparse.Namespace) -> None:
         logger.warning("%s=%s replaced by %s %s", PARTITION_ENV, env, FLAG, text)
     os.environ[PARTITION_ENV] = text
     logger.info("%s=%s (from %s)", PARTITION_ENV, text, FLAG)
+
+
+def _check_tp(args: argparse.Namespace) -> None:
+    """Refuse a --tp-size the model's heads cannot be split over, in one line, when config.json is local.
+    SGLang itself fails later and deep (SmolLM2's 3 KV heads at tp 2: a weight-loader `narrow` error)."""
+    tp = int(getattr(args, "tp_size", 1) or 1)
+    if tp == 1 or not os.path.exists(str(args.model_path)):
+        return
+    refusal = tp_refusal(load_shape(str(args.model_path)), tp)
+    if refusal:
+        from sglang_ext.startup_checks import StartupError
+
+        raise StartupError(refusal)
 
 
 def _check_env(env: str, args: argparse.Namespace) -> None:

@@ -141,3 +141,16 @@ def test_tied_lm_head_routing_on_the_last_rank():
         fresh = model(3, True)
         fresh.lm_head = Head()
         tied_lm_head._around_load_weights(lambda m, w: set(dict(w)), fresh, weights[:1])
+
+
+def test_tp_the_heads_cannot_split_is_one_line(prepare, config_dir, capsys):
+    # SmolLM2: 9 attention heads, 3 KV heads. SGLang itself gets to weight loading and fails in a `narrow`.
+    with pytest.raises(SystemExit) as info:
+        prepare(["--model-path", config_dir(), "--tp-size", "2"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        "sglang-ext: error: --tp-size 2 cannot shard this model (9 attention heads not divisible by tp 2; "
+        "3 KV heads: tp 2 neither divides them nor is a multiple of them); tp sizes that can: 1, 3"
+    ), err
+    assert prepare(["--model-path", config_dir(), "--tp-size", "3"]).tp_size == 3
