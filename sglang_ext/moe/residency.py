@@ -127,15 +127,20 @@ class FreqDecayResidency(LruResidency):
 
 
 class NextLayerPrefetch:
-    """Per-layer policies plus a predictor: co[l][a][b] counts steps where layer l routed a and layer l+1 routed b.
-    After layer l routes, up to `width` experts with the highest summed co-counts over layer l's experts are
-    prefetched into layer l+1 (experts it already holds are skipped). Before any history: nothing is prefetched."""
+    """Per-layer policies plus a predictor: co[l][a][b] counts steps where layer l routed a and layer l+1 routed b,
+    seen[l][a] the steps where layer l routed a. After layer l routes, each expert b of layer l+1 scores
+    max over layer l's experts a of P(b | a) = co[l][a][b] / seen[l][a]; up to `width` experts scoring at least
+    `threshold` and not resident are prefetched into layer l+1; an expert a seen in fewer than `min_seen` steps
+    predicts nothing."""
 
-    def __init__(self, layers: list[LruResidency], width: int):
+    def __init__(self, layers: list[LruResidency], width: int, threshold: float = 0.25, min_seen: int = 4):
         self.layers = layers
         self.width = width
+        self.threshold = threshold
+        self.min_seen = min_seen
         num_experts = layers[0].num_experts
         self.co = [[[0] * num_experts for _ in range(num_experts)] for _ in range(len(layers) - 1)]
+        self.seen = [[0] * num_experts for _ in range(len(layers) - 1)]
         self._prefetched: list[set[int]] = [set() for _ in layers]
         self.name = f"{layers[0].name}+prefetch{width}"
 
@@ -147,17 +152,20 @@ class NextLayerPrefetch:
             policy.step(distinct)
             self._prefetched[l] = set()
             if l + 1 < len(self.layers):
-                scores = [0] * policy.num_experts
+                scores = [0.0] * policy.num_experts
                 for a in distinct:
-                    row = self.co[l][a]
-                    for b in range(policy.num_experts):
-                        scores[b] += row[b]
-                ranked = sorted((b for b in range(policy.num_experts) if scores[b] > 0), key=lambda b: -scores[b])
+                    if self.seen[l][a] >= self.min_seen:
+                        row, n = self.co[l][a], self.seen[l][a]
+                        for b in range(policy.num_experts):
+                            scores[b] = max(scores[b], row[b] / n)
+                ranked = sorted((b for b in range(policy.num_experts) if scores[b] >= self.threshold),
+                                key=lambda b: -scores[b])
                 chosen = [b for b in ranked if b not in self.layers[l + 1].resident][: self.width]
                 self.layers[l + 1].prefetch(chosen)
                 self._prefetched[l + 1] = set(chosen)
         for l in range(len(routed) - 1):
             for a in routed[l]:
+                self.seen[l][a] += 1
                 row = self.co[l][a]
                 for b in routed[l + 1]:
                     row[b] += 1

@@ -1,0 +1,143 @@
+"""Paged MoE experts: residency policies on routing traces, and decode speed against K on the CPU platform.
+
+    python benchmarks/paged_experts.py policies [--trace FILE ...] [--synthetic] [--steps 400]
+    python benchmarks/paged_experts.py serve [--k 2 4 8] [--tokens 32]
+
+`policies` replays traces through LRU (SGLang's), frequency-with-decay and next-layer prefetch
+(`sglang_ext/moe/residency.py`) at several K and prints hit rates, demand misses and prefetch loads per
+token-layer. Traces: server trace files (`SGLANG_EXT_PAGED_EXPERTS_TRACE`, e.g. from `serve`), and with
+`--synthetic` SYNTHETIC decode traces of a 256-expert top-8 48-layer model (Zipf popularity per layer, temporal
+repeat and cross-layer follow probabilities: `sglang_ext.moe.traces.synthetic_trace`). Seconds to a few minutes.
+
+`serve` starts the tiny qwen3_5_moe (8 experts, top-2, 4 MoE layers) on the CPU platform without paging and with
+paged experts at each K, sends the same greedy requests, and prints decode tokens/s, whether the tokens equal the
+unpaged server's, and the hit rate from the server's own trace. One server at a time, ~1-2 min each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from sglang_ext.moe.residency import replay  # noqa: E402
+from sglang_ext.moe.traces import read_server_trace, synthetic_trace  # noqa: E402
+
+POLICIES = (  # (label, policy, prefetch width as a multiple of top-k, extra kwargs)
+    ("LRU (SGLang)", "lru", 0, {}),
+    ("freq-decay 0.9", "freq-decay", 0, {"decay": 0.9}),
+    ("freq-decay 0.99", "freq-decay", 0, {"decay": 0.99}),
+    ("LRU + next-layer prefetch", "lru", 1, {}),
+    ("freq-decay 0.9 + prefetch", "freq-decay", 1, {"decay": 0.9}),
+)
+
+
+def compare(name: str, steps, num_experts: int, top_k: int, ks) -> None:
+    layer_steps = sum(len(s) for s in steps)
+    print(f"\n### {name}: {len(steps)} steps x {len(steps[0])} layers, E={num_experts}, top-{top_k}\n")
+    print("| K | policy | hit rate | demand loads / layer-step | prefetch loads / layer-step | prefetched and used |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for k in ks:
+        for label, policy, width, kwargs in POLICIES:
+            c = replay(steps, policy, k, num_experts, prefetch_width=width * top_k, **kwargs)
+            used = f"{c.prefetch_used / c.prefetches:.0%}" if c.prefetches else "-"
+            print(f"| {k} | {label} | {c.hit_rate:.3f} | {c.misses / layer_steps:.2f} | "
+                  f"{c.prefetches / layer_steps:.2f} | {used} |")
+
+
+def cmd_policies(args) -> None:
+    for path in args.trace:
+        steps, stores = read_server_trace(path)
+        store = next(iter(stores.values()))
+        experts = store["experts"]
+        top_k = args.top_k
+        ks = [k for k in (top_k, experts // 2, experts - top_k) if top_k <= k < experts]
+        compare(f"server trace {Path(path).name}", steps, experts, top_k, sorted(set(ks)))
+    if args.synthetic:
+        for label, kw in (("synthetic, Zipf 1.0, repeat 0.3, follow 0.3, batch 1",
+                           dict(zipf_s=1.0, p_repeat=0.3, p_follow=0.3, batch=1)),
+                          ("synthetic, Zipf 0.6, repeat 0.1, follow 0.5, batch 1",
+                           dict(zipf_s=0.6, p_repeat=0.1, p_follow=0.5, batch=1)),
+                          ("synthetic, Zipf 1.0, repeat 0.3, follow 0.3, batch 8",
+                           dict(zipf_s=1.0, p_repeat=0.3, p_follow=0.3, batch=8))):
+            steps = synthetic_trace(num_layers=args.layers, num_experts=256, top_k=8, steps=args.steps, seed=0, **kw)
+            compare(label, steps, 256, 8, (32, 64, 128))
+
+
+def _serve_once(model: str, extra: list[str], prompts, tokens: int, trace: str | None):
+    import requests
+    from server import ServerProcess
+
+    env = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
+    if trace:
+        env["SGLANG_EXT_PAGED_EXPERTS_TRACE"] = trace
+    proc = ServerProcess(model, ["--dtype", "float32", "--max-total-tokens", "2000", "--mamba-radix-cache-strategy",
+                                 "no_buffer", "--disable-overlap-schedule", "--max-mamba-cache-size", "16", *extra],
+                         env=env, name="paged-bench").start()
+    try:
+        def ask(ids):
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": tokens, "temperature": 0.0,
+                                                          "ignore_eos": True}}
+            r = requests.post(f"{proc.url}/generate", json=body, timeout=900)
+            r.raise_for_status()
+            return r.json()
+
+        ask(prompts[0][:4])  # warm-up
+        if trace:
+            Path(trace).write_text("")  # count the measured requests only
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            replies = list(pool.map(ask, prompts))
+        wall = time.perf_counter() - t0
+    finally:
+        proc.stop()
+    decode_tokens = sum(len(r["output_ids"]) for r in replies)
+    return [r["output_ids"] for r in replies], decode_tokens / wall
+
+
+def cmd_serve(args) -> None:
+    import torch
+
+    from sglang_ext.models.tiny import prepare_tiny
+    from sglang_ext.moe.traces import server_trace_loads
+
+    model = str(prepare_tiny("qwen3_5_moe"))
+    gen = torch.Generator().manual_seed(0)
+    prompts = [[1] + torch.randint(3, 49000, (n - 1,), generator=gen).tolist() for n in (12, 40)]
+    base, base_tps = _serve_once(model, [], prompts, args.tokens, None)
+    print("| K (of 8) | tokens/s (2 requests, batched) | same tokens as unpaged | hit rate (server trace) |")
+    print("| --- | --- | --- | --- |")
+    print(f"| unpaged | {base_tps:.1f} | - | - |")
+    for k in args.k:
+        trace = tempfile.mktemp(suffix=".jsonl")
+        out, tps = _serve_once(model, ["--enable-paged-experts", "--paged-experts-num-resident", str(k)], prompts,
+                               args.tokens, trace)
+        recs = server_trace_loads(trace)
+        accesses = sum(len(r["experts"]) for r in recs)
+        misses = sum(len(r["loads"]) for r in recs)
+        print(f"| {k} | {tps:.1f} | {out == base} | {1 - misses / accesses:.3f} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pol = sub.add_parser("policies")
+    pol.add_argument("--trace", nargs="*", default=[])
+    pol.add_argument("--top-k", type=int, default=2, help="router top-k of the server traces")
+    pol.add_argument("--synthetic", action="store_true")
+    pol.add_argument("--steps", type=int, default=400)
+    pol.add_argument("--layers", type=int, default=48)
+    srv = sub.add_parser("serve")
+    srv.add_argument("--k", type=int, nargs="+", default=[2, 4, 8])
+    srv.add_argument("--tokens", type=int, default=32)
+    args = p.parse_args()
+    cmd_policies(args) if args.cmd == "policies" else cmd_serve(args)
+
+
+if __name__ == "__main__":
+    main()
