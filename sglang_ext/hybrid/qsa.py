@@ -1,0 +1,24 @@
+"""qwen4_exp's QSA indexer on the portable CPU platform.
+
+SGLang's `QSAIndexer` is a fused op with `forward_cuda` and `forward_xpu` only. On an out-of-tree platform the
+fused-op dispatch calls `forward_native`, which the class leaves unimplemented (NotImplementedError at the first
+full-attention layer). Both of its forwards are `_forward_impl`, SGLang's platform-independent orchestration:
+project q / k, keep the pending key group in the pool's ring, compress each completed group (mean, RMSNorm,
+RoPE), score the compressed keys (relu(q . k) summed over index heads) and select the top blocks plus the
+query's incomplete tail group. On tensors that are not CUDA each of those steps takes SGLang's torch path
+(`torch_qsa_mqa_prefill` / `torch_qsa_mqa_decode`, a per-row `torch.topk`, `torch_expand_qsa_block_indices`),
+so `forward_native` here is that orchestration. Prefill context parallelism (a CUDA-only feature) is refused.
+"""
+
+from sglang_ext import compat
+
+
+def qsa_indexer_forward_native(self, hidden_states, positions, forward_batch, indexer_metadata,
+                               cp_global_rope_positions=None):
+    """`QSAIndexer.forward_native`: the token indices each query row attends to, `[rows, budget + ratio - 1]`
+    int32, -1 padded (SGLang's contract for its sparse-attention backend)."""
+    if cp_global_rope_positions is not None:
+        raise NotImplementedError("QSA indexer: prefill context parallelism needs CUDA; the CPU platform "
+                                  "serves qwen4_exp without it")
+    forward_impl = getattr(self, compat.QSA_INDEXER_FORWARD_IMPL)
+    return forward_impl(hidden_states, positions, forward_batch, indexer_metadata)
