@@ -21,9 +21,9 @@ import triton
 import triton.language as tl
 
 from ..kvformats import KVFormat, rotation
-from . import tables
+from . import launch_table, tables
 from .checks import check_planes
-from .device import DeviceInfo, device_info
+from .device import DeviceInfo, device_info, rocm
 from .rotate import rotate_rows
 from .tiles import accumulate, load_q_blocks, q_blocks_f16, q_rows, scores, store_blocks
 
@@ -52,8 +52,8 @@ def tree_mask_bits(tree_mask: torch.Tensor) -> torch.Tensor:
     return (tree_mask.to(torch.int32) * weights).sum(-1, dtype=torch.int32).reshape(-1)
 # Octave tiles of 16 tokens under dots of at most 32 rows give wrong attention on an H200 with Triton 3.6 (decode
 # and extend, select tree and PTX lookups alike: max error 1.1-2.3 against 1e-3..9e-3 with 32-token tiles; with 64
-# or 128 rows, 16-token tiles pass; the dequant kernel at 16 is right; not root-caused: docs/benchmarks/kernels.md
-# round 9). The launchers raise such tiles to this size on a GPU; the interpreter keeps the asked size.
+# or 128 rows, 16-token tiles pass; the dequant kernel at 16 is right; not root-caused). The launchers raise such
+# tiles to this size on a GPU; the interpreter keeps the asked size.
 OCTAVE_GPU_MIN_BLOCK_N = 32
 
 
@@ -68,58 +68,24 @@ def tile_tokens(kind: int, block_n: int, rows: int, x: torch.Tensor | DeviceInfo
         return max(block_n, OCTAVE_GPU_MIN_BLOCK_N)
     return block_n
 # octave level decode (tiles.octave_levels): select tree; PTX lookups, 3-bit blocks from their packed planes; PTX
-# lookups, 3-bit codes unpacked by Triton first (slower on an H200: docs/benchmarks/kernels.md, round 8)
+# lookups, 3-bit codes unpacked by Triton first (measured slower on an H200)
 LUT_SELECT, LUT_PTX, LUT_PTX_CODES = 0, 1, 2
-# tokens per loop iteration by (format kind, head_dim), measured on an H200 at batch 8 x 32k (benchmarks/
-# kernels_variants.py; docs/benchmarks/kernels.md)
-DEFAULT_BLOCK_N = {(tables.FMT_BF16, 128): 64, (tables.FMT_BF16, 256): 64, (tables.FMT_INT8, 128): 128,
-                   (tables.FMT_INT8, 256): 128, (tables.FMT_OCTAVE, 128): 128, (tables.FMT_OCTAVE, 256): 128}
-# Registers per thread at most for octave decode (q_len 1, 16-row dots, head_dim 128 / 256) on sm_90 and later:
-# ptxas's own choice (156-168) fits 3 programs per SM, 128 fits 4 (its 41 KB of shared memory allow 5) for 4
-# spilled words per loop iteration. Measured on an H200 at batch 8 x 32k, alternated 5 times with the default
-# (docs/benchmarks/kernels.md, round 10): d128 k3v4 315 -> 296 us, k3v3 304 -> 285, d256 k3v4 456 -> 406, k3v3
-# 412 -> 405; 96 (5 programs, more spills) and int8 at 128 were slower. Not measured before sm_90, where an SM's
-# shared memory (100-164 KB) holds fewer programs anyway: no cap there.
-OCTAVE_MAXNREG = 128
 
 
-# The decode launch (K/V as the dots' first operand, warps, tokens per iteration, query rows at least) for one
-# request token (q_len 1) and GQA groups of at most 8 query heads, by (format, head_dim), on an NVIDIA GPU of
-# compute capability 9 or later. Measured on an H200 at batch 8 x 32k, group 8, alternated 3 times with the earlier
-# launch (4 warps, 16 rows; docs/benchmarks/kernels.md, round 11): int8 d128 208 -> 168 us, d256 200 -> 174;
-# octave_k3v4 d128 295 -> 263, d256 406 -> 371; octave_k3v3 d128 285 -> 228, d256 404 -> 373. Elsewhere (other
-# GPUs, larger groups, verify steps, bf16 planes) the earlier launch, not measured against this one. int8 prefetches
-# one tile ahead (num_stages 2) rather than Triton's default two (num_stages 3): CUDA-graph replays, round 12, d128
-# 160 -> 154 us, d256 169 -> 166 (octave lost with it: d128 k3v4 258 -> 277).
-DEFAULT_LAUNCH = {
-    ("int8", 128): {"kv_a": True, "num_warps": 1, "block_n": 64, "min_rows": 8, "num_stages": 2},
-    ("int8", 256): {"kv_a": True, "num_warps": 2, "block_n": 64, "min_rows": 8, "num_stages": 2},
-    ("octave_k3v4", 128): {"kv_a": False, "num_warps": 4, "block_n": 128, "min_rows": 8},
-    ("octave_k3v4", 256): {"kv_a": False, "num_warps": 4, "block_n": 128, "min_rows": 8},
-    ("octave_k3v3", 128): {"kv_a": True, "num_warps": 1, "block_n": 64, "min_rows": 8},
-    ("octave_k3v3", 256): {"kv_a": True, "num_warps": 4, "block_n": 128, "min_rows": 8},
-}
-
-# With 1-2 warps a program, a small batch leaves SMs idle: at batch 1 x 128k (8 KV heads x 16 splits = 128 programs
-# of 1 warp on 132 SMs) the int8 d128 entry took 286 us against 234 us with 4 warps, octave_k3v3 d128 534 against
-# 279 (round 11). Where the grid cannot bring this many warps per SM, the entry runs with 4 warps and 128 tokens
-# (and Triton's default pipelining depth: the round-11 measurement).
-LAUNCH_MIN_WARPS_PER_SM = 4
-
-
-def default_block_n(kind: int, head_dim: int) -> int:
-    return DEFAULT_BLOCK_N.get((kind, head_dim), 64)
+def default_block_n(fmt_name: str, head_dim: int) -> int:
+    """Tokens per iteration of the Triton stage 1 where no launch gives one (launch_table.TRITON_BLOCK_N, else 64)."""
+    return launch_table.at(launch_table.TRITON_BLOCK_N, launch_table.ANY, fmt_name, head_dim, 64)
 
 
 def default_launch(fmt: KVFormat, group: int, q_len: int, info: DeviceInfo, programs: int) -> dict:
-    """DEFAULT_LAUNCH's entry for this call where it was measured (q_len 1, group <= 8, NVIDIA, capability >= 9,
-    not under the interpreter), with 4 warps and 128 tokens per iteration where its grid of at most `programs`
-    stage-1 programs (batch x KV heads x max splits) would bring fewer than LAUNCH_MIN_WARPS_PER_SM warps per SM;
-    elsewhere {}: decode_attention's own defaults (4 warps, 16 query rows at least)."""
-    entry = DEFAULT_LAUNCH.get((fmt.name, fmt.head_dim))
-    if entry is None or q_len != 1 or group > 8 or not info.at_least(9):
+    """launch_table.TRITON_LAUNCH's entry for this call where it was measured (q_len 1, group <= 8, its
+    architectures), with 4 warps and 128 tokens per iteration where its grid of at most `programs` stage-1 programs
+    (batch x KV heads x max splits) would bring fewer than LAUNCH_MIN_WARPS_PER_SM warps per SM; elsewhere {}:
+    decode_attention's own defaults (4 warps, 16 query rows at least)."""
+    entry = launch_table.lookup(launch_table.TRITON_LAUNCH, info, fmt.name, fmt.head_dim)
+    if entry is None or q_len != 1 or group > 8:
         return {}
-    if programs * entry["num_warps"] >= LAUNCH_MIN_WARPS_PER_SM * info.sms:
+    if programs * entry["num_warps"] >= launch_table.LAUNCH_MIN_WARPS_PER_SM * info.sms:
         return entry
     return {**{k: v for k, v in entry.items() if k != "num_stages"}, "num_warps": 4, "block_n": 128}
 
@@ -265,7 +231,7 @@ def _decode_stage2(mid_o, mid_lse, out_ptr, kv_indptr, num_kv_splits, sign_ptr,
     # 16 splits on an H200, 13 us with 32 splits). UNROTATE (octave): the merged output is taken back out of the
     # rotated basis here, x = diag(signs) H64 y / 8 per 64-dim block (sign_ptr: the V signs, [D]), instead of by
     # a rotate_rows launch: 6.5 us at batch 8 x 32 heads x head_dim 256 (33 splits) on an H200, against 4.5 us
-    # without it plus the launch's 7 us (docs/benchmarks/kernels.md, round 18).
+    # without it plus the launch's 7 us.
     batch = tl.program_id(0).to(tl.int64)  # a q row: request batch // Q_LEN
     head = tl.program_id(1)
     offs_d = tl.arange(0, D)
@@ -291,7 +257,7 @@ def _decode_stage2(mid_o, mid_lse, out_ptr, kv_indptr, num_kv_splits, sign_ptr,
         # dim 64 b + 8 a + c at [b, a, c]; H64 = H8 (x) H8 (Sylvester order: (-1)^popcount(i & j) factors over
         # the two octal digits), so H64 y is H8 Y H8 on each block's 8 x 8 view Y: two contractions of 8. The
         # merge above stays a [splits, D] tile and only the merged row is reshaped: merging in the
-        # [splits, blocks, 8, 8] shape took stage 2 to 11.6 us (round 17).
+        # [splits, blocks, 8, 8] shape took stage 2 to 11.6 us.
         i8 = tl.arange(0, 8)
         dim3 = tl.arange(0, D // 64)[:, None, None] * 64 + i8[None, :, None] * 8 + i8[None, None, :]
         y = tl.reshape(out, [D // 64, 8, 8])
@@ -350,16 +316,12 @@ def level_decode(x: torch.Tensor | DeviceInfo, dot_bf16: bool, requested: int | 
 
 
 I8_FLOAT32, I8_F16_BOTH, I8_F16_V = 0, 1, 2  # int8 conversion modes (tiles.kv_block's I8_F16)
-# the fp16 mode by head_dim, measured on an H200 at batch 8 x 32k with both modes alternated 9 times in each of
-# two processes (benchmarks/kernels_alternate.py; docs/benchmarks/kernels.md, round 7): K's conversion after the
-# shared-memory trip, median d128 237 -> 210 us, d256 229 -> 201 us (round 5's single d128 timing of 258 us for
-# it did not repeat). Other head_dims were not measured: both conversions before the trip.
-DEFAULT_I8_F16 = {128: I8_F16_V, 256: I8_F16_V}
 
 
 def int8_f16_dots(kind: int, info: DeviceInfo, head_dim: int, dot_bf16: bool, requested: int | None) -> int:
     """int8 decode with fp16 dot operands (codes converted exactly by int8_ptx): on an NVIDIA GPU when the dots
-    take 16-bit operands (not under the interpreter, not on AMD) DEFAULT_I8_F16's mode for the head_dim, else
+    take 16-bit operands (not under the interpreter, not on AMD) launch_table.INT8_F16_MODE's mode for the head_dim
+    (I8_F16_BOTH where it has none), else
     I8_FLOAT32; `requested` overrides (I8_F16_BOTH: K and V converted before the
     shared-memory trip; I8_F16_V: only V, K's conversion placed by Triton, after it)."""
     if kind != tables.FMT_INT8:
@@ -370,32 +332,33 @@ def int8_f16_dots(kind: int, info: DeviceInfo, head_dim: int, dot_bf16: bool, re
         assert requested == I8_FLOAT32 or dot_bf16, "the int8 fp16 path needs 16-bit dot operands"
         return requested
     if dot_bf16 and info.vendor == "cuda":
-        return DEFAULT_I8_F16.get(head_dim, I8_F16_BOTH)
+        return launch_table.at(launch_table.INT8_F16_MODE, launch_table.NVIDIA, "int8", head_dim, I8_F16_BOTH)
     return I8_FLOAT32
 
 
-def default_maxnreg(kind: int, rows: int, q_len: int, head_dim: int, info: DeviceInfo) -> int | None:
-    """The register cap decode_attention launches stage 1 with when none is asked: OCTAVE_MAXNREG for octave
-    decode (q_len 1, dots of 16 rows) at head_dim 128 or 256 on an NVIDIA GPU of compute capability 9 or later
-    (compiled): the shapes it was measured on. Else None (ptxas's choice)."""
-    if kind != tables.FMT_OCTAVE or rows != 16 or q_len != 1 or head_dim not in (128, 256):
+def default_maxnreg(fmt_name: str, rows: int, q_len: int, head_dim: int, info: DeviceInfo) -> int | None:
+    """The register cap decode_attention launches stage 1 with when none is asked: launch_table.OCTAVE_MAXNREG's
+    for octave decode (q_len 1, dots of 16 rows) on the architectures and head_dims it was measured on. Else None
+    (ptxas's choice)."""
+    if rows != 16 or q_len != 1:
         return None
-    return OCTAVE_MAXNREG if info.at_least(9) else None
+    return launch_table.lookup(launch_table.OCTAVE_MAXNREG, info, fmt_name, head_dim)
 
 
 def resident_programs(kernel, device: torch.device) -> int:
-    """Programs of a compiled kernel that fit on one SM at once: the CUDA driver's answer
+    """Programs of a compiled kernel (what its warmup returned) that fit on one SM at once: the CUDA driver's answer
     (cuOccupancyMaxActiveBlocksPerMultiprocessor) where there is one, else registers, shared memory and threads.
     The driver knows what a formula over the SM's totals misses: each of an SM's 4 schedulers owns a quarter of
     the register file, and a warp's registers come from its scheduler's quarter. The octave_k3v3 d128 launch (1
     warp, 206 registers a thread = 6,656 a warp) fits 9 warps in the SM's 65,536 registers but 2 in a quarter's
     16,384: 8 programs, as the driver says. With 9, wave_splits chose 9 splits at batch 32 x 32k: 941 us against
-    808 with 16 (H200; docs/benchmarks/kernels.md, round 13)."""
+    808 with 16 (H200)."""
+    kernel = kernel.result() if hasattr(kernel, "result") else kernel  # a compile future (asynchronous warmup)
     kernel._init_handles()
     props = torch.cuda.get_device_properties(device)
     warps = kernel.metadata.num_warps
     shared = kernel.metadata.shared
-    by_driver = _driver_occupancy(kernel.function, 32 * warps, shared) if torch.version.hip is None else None
+    by_driver = _driver_occupancy(kernel.function, 32 * warps, shared) if not rocm() else None
     if by_driver:
         return by_driver
     regs_per_warp = -(-kernel.n_regs * 32 // 256) * 256  # allocated per warp in units of 256 registers
@@ -418,23 +381,17 @@ def _driver_occupancy(function: int, threads: int, shared: int) -> int | None:
     return blocks.value if err == 0 and blocks.value > 0 else None
 
 
-# Fixed cost of a stage-1 program in loop iterations (loading q, the first tile's latency, storing its partial
-# output; stage 2 reads one partial per split): with it, a tie between waves x iterations goes to fewer splits.
-# Chosen on the grid of benchmarks/kernels_splits.py (H200, round 13): 1-3 gave the same choices within 1 %, and
-# at batch 32 x 4k fewer splits than before, 4-12 % faster; 0 (the earlier model) took 16 splits there.
-SPLIT_OVERHEAD_ITERS = 2
-
-
 def wave_splits(programs_per_split: int, max_splits: int, slots: int, seq_len: int, block_n: int,
                 min_block: int = MIN_BLOCK_KV) -> int:
     """Split count in 1..max_splits for requests of about seq_len tokens: a stage-1 grid of equal programs
     (programs_per_split x splits) runs in ceil(programs / slots) waves of `slots` resident programs, each program
-    taking ceil(split length / block_n) loop iterations plus SPLIT_OVERHEAD_ITERS, so the cost is waves x
+    taking ceil(split length / block_n) loop iterations plus launch_table.SPLIT_OVERHEAD_ITERS, so the cost is waves x
     iterations. The largest count within 5 % of the cheapest wins (more splits: more slack when lengths
     differ)."""
     def cost(s: int) -> int:
         per_split = -(-(-(-seq_len // s)) // min_block) * min_block
-        return math.ceil(programs_per_split * s / slots) * (max(1, -(-per_split // block_n)) + SPLIT_OVERHEAD_ITERS)
+        iters = max(1, -(-per_split // block_n)) + launch_table.SPLIT_OVERHEAD_ITERS
+        return math.ceil(programs_per_split * s / slots) * iters
 
     best = min(cost(s) for s in range(1, max_splits + 1))
     return max(s for s in range(1, max_splits + 1) if cost(s) <= 1.05 * best)
@@ -475,13 +432,12 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     ptxas's choice; 0: ptxas's choice);
     lut: octave level decode (LUT_SELECT / LUT_PTX / LUT_PTX_CODES; None: level_decode's choice). int8_f16: int8
     codes to fp16 dot operands in PTX (I8_F16_BOTH / I8_F16_V / I8_FLOAT32; None: int8_f16_dots' choice).
-    stage1: "triton" (_decode_stage1), "mma" (decode_mma's Gluon kernels: octave_k3v4 / octave_k3v3 at head_dim
-    128, or 256 with rotary_dim 64, and int8 at 64, 128 or 256; block_n applies to it, default MMA_BLOCK_N; the
-    other launch arguments do not) or None:
-    decode_mma.default_for's
-    choice, unless dot_bf16=False or one of the Triton kernel's launch arguments (kv_a, min_rows, num_warps,
-    num_stages, lut, int8_f16, maxnreg) is given. qk8, lazy: the mma kernel's int8 scores and lazy rescale for
-    octave formats (decode_mma's docstring; None: MMA_QK8 / MMA_LAZY / MMA_LAZY_QK8's choice for the layout).
+    stage1: "triton" (_decode_stage1), "mma" (decode_mma's Gluon kernels: octave_k3v4 / octave_k3v3 at head_dim 128,
+    or 256 with rotary_dim 64, and int8 at 64, 128 or 256; block_n applies to it, default launch_table.MMA_BLOCK_N;
+    the other launch arguments do not) or None: decode_mma.default_for's choice, unless dot_bf16=False or one of the
+    Triton kernel's launch arguments (kv_a, min_rows, num_warps, num_stages, lut, int8_f16, maxnreg) is given. qk8,
+    lazy: the mma kernel's int8 scores and lazy rescale for octave formats (mma_octave's docstring; None:
+    launch_table.MMA_QK8 / MMA_LAZY / MMA_LAZY_QK8's choice).
     plan: a decode_plan.DecodePlan made for this batch (the attention backends make one per batch and pass it to
     every layer); None = make one here from seq_lens_sum (the batch's total KV length; None = read from
     kv_indptr, a host synchronisation: convenient for tests and benchmarks, not for a captured CUDA graph) and the
@@ -586,43 +542,10 @@ def _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits: int, q
     return o
 
 
-# Tokens per loop iteration of decode_mma's kernel by its block layout (decode_mma.layout_of), at batch 8 x 32k on
-# an H200 (docs/benchmarks/kernels.md, rounds 15-16): d128 32 took 166 us, 16 took 243 and 64 took 175; d256 32
-# took 171, 16 took 166 (and at batch 1 x 128k 116 against 123); with 3-bit V (octave_k3v3), d128 32 took 170 and
-# 16 took 169, d256 32 took 168 and 16 took 162 (at 32 the loop spills a few registers).
-MMA_BLOCK_N = {"d128": 32, "d256": 16, "d128v3": 32, "d256v3": 16, "int8d64": 32, "int8d128": 32, "int8d256": 16}
-# The octave options of the mma kernel per layout (decode_attention's qk8 / lazy when not given; H200 measurements in
-# docs/benchmarks/kernels.md, rounds 19-20). Int8 scores (decode_mma.Q8: K's levels as the codebook's 7-bit grid
-# integers, q as hi + lo / 256 int8 parts; the error of bf16 scores or less) are the default at d128, where every
-# shape of the grid ran faster (batch 8 x 32k: k3v4 139 -> 132 us, k3v3 144 -> 137). At d256 they are not: faster
-# from batch 8 x 32k up (141 against 144 us) but slower at batch 1 (32k: 50 against 42) and at 4k, their four q
-# blocks' operands at 255 registers. The lazy rescale is exact arithmetic; at d256 with int8 scores it spills
-# (149 against 141 us eager), hence its own set.
-MMA_QK8 = frozenset({"d128", "d128v3"})
-MMA_LAZY = frozenset({"d128", "d128v3", "d256"})  # with bf16 scores
-MMA_LAZY_QK8 = frozenset({"d128", "d128v3"})  # with int8 scores
-# int8 takes the Gluon stage 1 by default only for requests of at least this mean length: on the H200 it was
-# faster at every 32k and 128k shape of the grid (batch 8 x 32k d256: 164 -> 151 us; batch 1 x 128k: 174 -> 83 at
-# d128, 256 -> 113 at d256), but at 4k slower in 3 of 6 (batch 8 d256 36 -> 43 us; docs/benchmarks/kernels.md,
-# round 16).
-MMA_INT8_MIN_TOKENS = 8192
-# Split counts of the mma kernel (one-warp programs, latency-bound: more resident warps per SM run faster) when the
-# launcher chooses, all measured on an H200 (docs/benchmarks/kernels.md, round 15):
-# - long requests fill every resident program slot: batch 1 x 128k took 419 us with 16 splits, 128 with 64, 95-100
-#   with 128;
-# - short ones aim at MMA_SHORT_PROGRAMS_PER_SM programs per SM, since stage 2's merge and each program's fixed
-#   cost grow with the count: batch 1 x 4k took 32 us with 16 splits, 28 with 32 or 64, 33 with 128 (the Triton
-#   kernel 27); batch 8 x 4k 45 with 16, 53 with 32, 66 with 64;
-# - at least MMA_MIN_SPLIT_TOKENS tokens a split, at most MMA_MAX_SPLITS splits.
-MMA_MAX_SPLITS = 128
-MMA_MIN_SPLIT_TOKENS = 64
-MMA_LONG_CONTEXT = 16384
-MMA_SHORT_PROGRAMS_PER_SM = 4
-
-
 def mma_max_splits(batch: int, h_kv: int, seq_len: int, slots: int, sms: int, max_kv_splits: int) -> int:
     """The most splits decode_mma's launch may take for requests of about seq_len tokens (wave_splits then
-    chooses up to it): see MMA_MAX_SPLITS and the rules above it."""
-    target = slots if seq_len >= MMA_LONG_CONTEXT else MMA_SHORT_PROGRAMS_PER_SM * sms
+    chooses up to it): the rules of launch_table.MMA_MAX_SPLITS and the constants beside it."""
+    t = launch_table
+    target = slots if seq_len >= t.MMA_LONG_CONTEXT else t.MMA_SHORT_PROGRAMS_PER_SM * sms
     want = max(max_kv_splits, -(-target // (batch * h_kv)))
-    return max(1, min(MMA_MAX_SPLITS, want, seq_len // MMA_MIN_SPLIT_TOKENS))
+    return max(1, min(t.MMA_MAX_SPLITS, want, seq_len // t.MMA_MIN_SPLIT_TOKENS))

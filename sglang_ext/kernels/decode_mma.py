@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from . import launch_table
 from .mma_int8 import _decode_stage1_mma_int8
 from .mma_lut import lut_tensor
 from .mma_octave import _decode_stage1_mma
@@ -54,25 +55,21 @@ def layout_of(fmt) -> str | None:
     return f"d{fmt.head_dim}" + ("v3" if fmt.v_bits[0] == 3 else "")
 
 
-# The block layouts (layout_of) whose Gluon stage 1 was measured faster than decode._decode_stage1 on an H200
-# (docs/benchmarks/kernels.md, rounds 15-16).
-DEFAULT_LAYOUTS = frozenset({"d128", "d256", "d128v3", "d256v3", "int8d128", "int8d256"})
-
-
 def default_for(fmt, group: int, q_len: int, info) -> bool:
-    """Whether decode_attention takes this kernel when the caller does not choose: where it runs and was
-    measured faster than decode._decode_stage1 (DEFAULT_LAYOUTS), on compute capability 9 (an H200). On sm_80 /
-    sm_86 it compiles (kernels.targets) but was not run: stage1="mma" asks for it."""
-    return supported(fmt, group, q_len, info) is None and layout_of(fmt) in DEFAULT_LAYOUTS and info.at_least(9)
+    """Whether decode_attention takes this kernel when the caller does not choose: where it runs and was measured
+    faster than decode._decode_stage1 (launch_table.MMA_DEFAULT). Where it compiles but was not run (sm_80 /
+    sm_86: kernels.targets), stage1="mma" asks for it."""
+    return (supported(fmt, group, q_len, info) is None
+            and launch_table.lookup(launch_table.MMA_DEFAULT, info, fmt.name, fmt.head_dim, False))
 
 
 def launch_stage1(grid, q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse, sm_scale,
                   group: int, block_n: int, min_block: int, split_mul: int = 1, warmup: bool = False,
                   qk8: bool = False, lazy: bool = False):
-    """Launch (or, with warmup, only compile and return the kernel: decode.resident_programs reads it): the int8
-    kernel for int8 code planes, else the octave one. Octave code planes are read as 32-bit words and a (token,
-    head)'s two fp16 scales as one: rows and heads must start on 4-byte boundaries. int8 code rows are read as
-    128-bit words."""
+    """Launch (or, with warmup, only compile and return what the kernel's warmup returns: decode.resident_programs
+    reads it): the int8 kernel for int8 code planes, else the octave one. Octave code planes are read as 32-bit
+    words and a (token, head)'s two fp16 scales as one: rows and heads must start on 4-byte boundaries. int8 code
+    rows are read as 128-bit words."""
     assert group <= 8, group
     assert block_n in (16, 32, 64), block_n
     d = q_in.shape[-1]
@@ -98,8 +95,7 @@ def launch_stage1(grid, q_in, kc, ks, vc, vs, kv_indptr, kv_indices, num_kv_spli
     consts.update({"GROUP": group, "BLOCK_N": block_n, "MIN_BLOCK": min_block, "WIDE": wide, "SPLIT_MUL": split_mul,
                    "num_warps": 1})
     if warmup:
-        compiled = kernel.warmup(*args, grid=(1,), **consts)
-        return compiled.result() if hasattr(compiled, "result") else compiled
+        return kernel.warmup(*args, grid=(1,), **consts)
     kernel[grid](*args, **consts)
 
 

@@ -28,7 +28,7 @@ import triton
 
 from ..kvformats import KVFormat
 from . import decode as dec
-from . import tables
+from . import launch_table, tables
 from .device import DeviceInfo, device_info
 
 
@@ -126,13 +126,14 @@ def plan_decode(fmt: KVFormat, planes: dict[str, torch.Tensor], *, batch: int, n
         why = decode_mma.supported(fmt, group, q_len, info)
         if ov.stage1 == "mma" and why is not None:
             raise ValueError(f"stage1='mma': {why}")
-        short_int8 = kind == tables.FMT_INT8 and mean_len is not None and mean_len < dec.MMA_INT8_MIN_TOKENS
+        short_int8 = (kind == tables.FMT_INT8 and mean_len is not None
+                      and mean_len < launch_table.MMA_INT8_MIN_TOKENS)
         if ov.stage1 == "mma" or (decode_mma.default_for(fmt, group, q_len, info) and not short_int8):
             return _plan_mma(decode_mma, fmt, planes, base, info, q_dtype, index_dtype, mean_len, max_kv_splits,
                              kv_splits_given, ov)
 
     launch = dec.default_launch(fmt, group, q_len, info, batch * h_kv * max_kv_splits)
-    block_n = ov.block_n or launch.get("block_n") or dec.default_block_n(kind, d)
+    block_n = ov.block_n or launch.get("block_n") or dec.default_block_n(fmt.name, d)
     min_rows = ov.min_rows or launch.get("min_rows", 16)
     bf16_dots = dec.use_bf16_dots(info, ov.dot_bf16)
     opts = {"num_warps": ov.num_warps or launch.get("num_warps", 4)}
@@ -142,7 +143,7 @@ def plan_decode(fmt: KVFormat, planes: dict[str, torch.Tensor], *, batch: int, n
     block_h = max(min_rows, triton.next_power_of_2(group * q_len))
     maxnreg = ov.maxnreg
     if maxnreg is None and not info.interpreted:
-        maxnreg = dec.default_maxnreg(kind, block_h, q_len, d, info)
+        maxnreg = dec.default_maxnreg(fmt.name, block_h, q_len, d, info)
     if maxnreg:  # a register cap per thread (ptxas spills past it): more programs per SM
         opts["maxnreg"] = maxnreg
     block_n = dec.tile_tokens(kind, block_n, block_h, info)
@@ -166,16 +167,16 @@ def _plan_mma(decode_mma, fmt, planes, base: dict, info: DeviceInfo, q_dtype, in
     """decode_mma's plan. Split counts: with the caller's, each times split_mul, the smallest multiplier whose grid
     fills the GPU's resident one-warp programs; without, wave_splits' choice up to mma_max_splits (max_kv_splits
     when the lengths are unknown)."""
-    mma_layout = decode_mma.layout_of(fmt)
-    qk8 = mma_layout in dec.MMA_QK8 if ov.qk8 is None else ov.qk8
-    lazy = mma_layout in (dec.MMA_LAZY_QK8 if qk8 else dec.MMA_LAZY) if ov.lazy is None else ov.lazy
-    block_n = ov.block_n or dec.MMA_BLOCK_N[mma_layout]
+    t, d = launch_table, fmt.head_dim
+    qk8 = t.lookup(t.MMA_QK8, info, fmt.name, d, False) if ov.qk8 is None else ov.qk8
+    lazy = t.lookup(t.MMA_LAZY_QK8 if qk8 else t.MMA_LAZY, info, fmt.name, d, False) if ov.lazy is None else ov.lazy
+    block_n = ov.block_n or t.lookup(t.MMA_BLOCK_N, info, fmt.name, d)
     batch, h_kv, group = base["batch"], base["num_kv_heads"], base["num_q_heads"] // base["num_kv_heads"]
     slots = info.sms * _resident_mma(decode_mma, fmt, planes, base["num_q_heads"], q_dtype, index_dtype, group,
                                      block_n, qk8, lazy)
     dev = next(iter(planes.values())).device
     if kv_splits_given:
-        split_mul = max(1, min(dec.MMA_MAX_SPLITS // max_kv_splits, -(-slots // (batch * h_kv * max_kv_splits))))
+        split_mul = max(1, min(launch_table.MMA_MAX_SPLITS // max_kv_splits, -(-slots // (batch * h_kv * max_kv_splits))))
         return DecodePlan(**base, stage1="mma", grid_splits=max_kv_splits * split_mul, split_mul=split_mul,
                           num_kv_splits=None, block_n=block_n, qk8=qk8, lazy=lazy)
     splits = max_kv_splits
@@ -203,7 +204,6 @@ def _resident_triton(fmt, planes, consts: dict, num_q_heads: int, q_dtype, index
             ks.stride(1), vc.stride(0), vc.stride(1), vs.stride(0), vs.stride(1), q_in.stride(0), q_in.stride(1),
             mid.stride(0), mid.stride(1), mid.stride(2), lse.stride(0), lse.stride(1), grid=(1,), LOGIT_CAP=0.0,
             **consts)
-        kernel = kernel.result() if hasattr(kernel, "result") else kernel
         _RESIDENT[key] = dec.resident_programs(kernel, dev)
     return _RESIDENT[key]
 

@@ -23,6 +23,11 @@ def interpreted() -> bool:
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def rocm() -> bool:
+    """Whether torch is a ROCm build (its "cuda" devices are AMD GPUs, driven through HIP)."""
+    return torch.version.hip is not None
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     # vendor: "cuda" (NVIDIA), "hip" (AMD, ROCm torch) or "cpu" (CPU tensors: the interpreter, or no kernel at all)
@@ -64,7 +69,7 @@ def device_info(device: torch.device | str) -> DeviceInfo:
 @functools.cache
 def _gpu_info(index: int) -> DeviceInfo:
     props = torch.cuda.get_device_properties(index)
-    hip = torch.version.hip is not None
+    hip = rocm()
     return DeviceInfo(vendor="hip" if hip else "cuda", interpreted=interpreted(),
                       capability=None if hip else torch.cuda.get_device_capability(index),
                       sms=props.multi_processor_count)

@@ -25,19 +25,20 @@ Two freedoms make every load contiguous without changing the pool format:
   The contraction over tokens pairs tokens 2t, 2t + 1 in one register, so the V lookups (PTX_4BIT_2TOK,
   PTX_3BIT_2TOK) read both tokens' words and interleave their bytes before looking up.
 
-The lookups (mma_ptx) run on the integer ALU pipe (half rate on sm_80 and sm_90), which bounds the loop: shifts
-are written as mul.hi so that ptxas issues them on the FMA pipe, and the tables are held per lane (mma_lut).
-Tile loads and operand lookups are in mma_octave_tiles, q's rotation in mma_octave_q. Softmax denominators stay per (token row, head) until the end.
+The lookups (mma_ptx) run on the integer ALU pipe (half rate on sm_80 and sm_90), which bounds the loop: shifts are
+written as mul.hi so that ptxas issues them on the FMA pipe, and the tables are held per lane (mma_lut). Tile loads
+and operand lookups are in mma_octave_tiles, q's rotation in mma_octave_q. Softmax denominators stay per (token row,
+head) until the end.
 
-Int8 scores (Q8; decode.MMA_QK8: the default at head_dim 128): the codebook's levels lie on a 7-bit integer grid
+Int8 scores (Q8; launch_table.MMA_QK8: the default at head_dim 128): the codebook's levels lie on a 7-bit integer grid
 (kvformats/codebook.py), so K's codes are looked up as bytes u (level = (u - 63.5) x step, exactly) straight into
 the operand of an int8 m16n8k32 dot; q, rotated in float32, goes in as two int8 parts hi + lo / 256, the lo dot
-feeding the hi dot's accumulator (mma_octave_q._q8_scores). Half the lookups of the bf16 pairs: 5 % faster at batch 8 x 32k
-on an H200 (d128), with the error of bf16 scores or less (2.6e-3 to 3.3e-3 relative to the format's reference in
-tests/kernels/test_decode_mma.py, against 3.7e-3 to 4.8e-3). At head_dim 256 the four blocks' q operands take
-255 registers and the kernel is slower at batch 1, so bf16 scores stay its default. LAZY (decode.MMA_LAZY, exact
-arithmetic): the running maximum moves only when a tile exceeds it by 2^8, so most tiles skip rescaling the
-outputs (_step).
+feeding the hi dot's accumulator (mma_octave_q._q8_scores). Half the lookups of the bf16 pairs: 5 % faster at batch
+8 x 32k on an H200 (d128), with the error of bf16 scores or less (2.6e-3 to 3.3e-3 relative to the format's
+reference in tests/kernels/test_decode_mma.py, against 3.7e-3 to 4.8e-3). At head_dim 256 the four blocks' q
+operands take 255 registers and the kernel is slower at batch 1, so bf16 scores stay its default. LAZY
+(launch_table.MMA_LAZY, exact arithmetic): the running maximum moves only when a tile exceeds it by 2^8, so most tiles
+skip rescaling the outputs (_step).
 
 The launch, the scope and the default choice are in decode_mma; the int8 kernel of the same structure in
 mma_int8.

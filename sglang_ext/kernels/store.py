@@ -15,15 +15,16 @@ import triton
 import triton.language as tl
 
 from ..kvformats import KVFormat, rotation
-from . import tables
+from . import launch_table, tables
 from .checks import check_planes
 
 # no FMA contraction: the reference rounds every product and every sum (see the module docstring)
 STORE_COMPILE_OPTIONS = {"enable_fp_fusion": False}
-# (tokens per program, warps) by format kind. Octave: one warp of 8 tokens, measured on an H200 (4096 tokens,
-# docs/benchmarks/kernels.md, round 5): with 4 warps the rotation's reductions cross warps through shared memory
-# and barriers (d128: 406 us at 16 x 4, 118 us at 16 x 1, 65 us at 8 x 1)
-DEFAULT_LAUNCH = {tables.FMT_BF16: (16, 4), tables.FMT_INT8: (16, 4), tables.FMT_OCTAVE: (8, 1)}
+
+
+def default_launch(fmt_name: str, head_dim: int) -> tuple[int, int]:
+    """(tokens per program, warps) of the store: launch_table.STORE_LAUNCH's, else (16, 4)."""
+    return launch_table.at(launch_table.STORE_LAUNCH, launch_table.ANY, fmt_name, head_dim, (16, 4))
 
 
 @triton.jit
@@ -198,7 +199,7 @@ def store_kv(fmt: KVFormat, planes: dict[str, torch.Tensor], loc: torch.Tensor, 
              block_n: int | None = None, num_warps: int | None = None) -> None:
     """Quantize k, v [N, H_kv, D] and write them into planes[...][loc]. loc: int32/int64 [N] slot ids.
     Mutates planes in place; every byte of the N slots' rows is written. block_n tokens per program and
-    num_warps: None = DEFAULT_LAUNCH's for the format kind."""
+    num_warps: None = default_launch's."""
     check_planes(fmt, planes)
     num_kv_heads = next(iter(planes.values())).shape[1]
     for name, t in (("k", k), ("v", v)):
@@ -211,8 +212,9 @@ def store_kv(fmt: KVFormat, planes: dict[str, torch.Tensor], loc: torch.Tensor, 
     if k.shape[0] == 0:
         return
     kind = tables.format_kind(fmt)
-    block_n = block_n or DEFAULT_LAUNCH[kind][0]
-    num_warps = num_warps or DEFAULT_LAUNCH[kind][1]
+    launch = default_launch(fmt.name, fmt.head_dim)
+    block_n = block_n or launch[0]
+    num_warps = num_warps or launch[1]
     if kind == tables.FMT_BF16:
         _store_one(fmt, k, loc, planes["k"], None, rotation.K_TENSOR, (), block_n, num_warps)
         _store_one(fmt, v, loc, planes["v"], None, rotation.V_TENSOR, (), block_n, num_warps)

@@ -36,7 +36,7 @@ class PerTarget:
 def _variants():
     """(label, jit function, {arg name: type string or C(value)}, compile options) for every kernel variant, with
     the options the launchers use."""
-    from . import decode, dequant, extend, rotate, store
+    from . import decode, dequant, extend, launch_table, rotate, store
 
     p32, p16, pb16, pu8, pi8, pi32 = "*fp32", "*fp16", "*bf16", "*u8", "*i8", "*i32"
     ptx = {"cuda": decode.LUT_PTX, "hip": decode.LUT_SELECT}  # the launchers' level decode per backend
@@ -61,19 +61,19 @@ def _variants():
                 "level_ptr": p32, "num_tokens": i32, "stride_x_n": i32, "stride_x_h": i32, "stride_c_slot": i32,
                 "stride_c_head": i32, "stride_s_slot": i32, "stride_s_head": i32,
                 "FMT": C(fmt), "D": C(d), "N4": C(kn4), "NB": C(d // 64),
-                "BLOCK_N": C(store.DEFAULT_LAUNCH[fmt][0])},
-                {**store.STORE_COMPILE_OPTIONS, "num_warps": store.DEFAULT_LAUNCH[fmt][1]}))
+                "BLOCK_N": C(store.default_launch(name, d)[0])},
+                {**store.STORE_COMPILE_OPTIONS, "num_warps": store.default_launch(name, d)[1]}))
             common = {"k_codes": codes, "k_scales": scales, "v_codes": codes, "v_scales": scales}
             strides = {s: i32 for s in ("stride_kc_slot", "stride_kc_head", "stride_ks_slot", "stride_ks_head",
                                         "stride_vc_slot", "stride_vc_head", "stride_vs_slot", "stride_vs_head")}
             # decode; at d128 also the chain- and tree-verify variants (4 tokens per request: decode_attention's q_len,
-            # tree_mask); and the launch of decode.DEFAULT_LAUNCH (the default on sm_90 for groups of at most 8), for
-            # every target
+            # tree_mask); and the launch of launch_table.TRITON_LAUNCH (the default on sm_90 for groups of at most 8),
+            # for every target
             launches = [(q_len, "", {}) for q_len in ((1, 4) if d == 128 else (1,))]
             if d == 128:
                 launches.append((4, " tree", {}))
-            if (name, d) in decode.DEFAULT_LAUNCH:
-                launches.append((1, " launch", decode.DEFAULT_LAUNCH[(name, d)]))
+            if (launch_table.SM90, name, d) in launch_table.TRITON_LAUNCH:
+                launches.append((1, " launch", launch_table.at(launch_table.TRITON_LAUNCH, launch_table.SM90, name, d)))
             for q_len, suffix, launch in launches:
                 out.append((f"decode_stage1 {tag}" + (f" verify q_len {q_len}" if q_len > 1 else "") + suffix,
                             decode._decode_stage1, dict(
@@ -81,13 +81,15 @@ def _variants():
                     mid_lse=p32, sm_scale=f32, new_slots="*i64", tree_bits=pi32, **strides, stride_q_b=i32,
                     stride_q_h=i32, stride_mo_b=i32, stride_mo_h=i32, stride_mo_s=i32, stride_ml_b=i32, stride_ml_h=i32,
                     FMT=C(fmt), GROUP=C(8), BLOCK_H=C(max(launch.get("min_rows", 16), 8 * q_len)),
-                    BLOCK_N=C(launch.get("block_n", decode.default_block_n(fmt, d))), MIN_BLOCK=C(32), K_N4=C(kn4),
+                    BLOCK_N=C(launch.get("block_n", decode.default_block_n(name, d))), MIN_BLOCK=C(32), K_N4=C(kn4),
                     V_N4=C(vn4), NB=C(d // 64), LOGIT_CAP=C(0.0), DOT_BF16=C(True), LUT=C(ptx),
-                    I8_F16=C({"cuda": decode.DEFAULT_I8_F16.get(d, decode.I8_F16_BOTH) if fmt == 1
+                    I8_F16=C({"cuda": launch_table.at(launch_table.INT8_F16_MODE, launch_table.NVIDIA, name, d,
+                                                      decode.I8_F16_BOTH) if fmt == 1
                               else decode.I8_FLOAT32, "hip": decode.I8_FLOAT32}),
                     Q_LEN=C(q_len), BLOCK_T=C(16), KV_A=C(launch.get("kv_a", False)), TREE=C(suffix == " tree")),
                     {"num_warps": launch.get("num_warps", 4), "num_stages": launch.get("num_stages"),
-                     "maxnreg": PerTarget({"cuda:90": decode.OCTAVE_MAXNREG} if fmt == 2 and q_len == 1 and not launch
+                     "maxnreg": PerTarget({"cuda:90": launch_table.at(launch_table.OCTAVE_MAXNREG, launch_table.SM90,
+                                                                      name, d)} if fmt == 2 and q_len == 1 and not launch
                                           else {})}))
             # the causal extend everywhere; speculative verify (SGLang's custom tree mask, the new tokens read
             # back from the pool at new_slots) for one format
@@ -114,7 +116,7 @@ def _variants():
     out.extend(_mma_variants())
     out.extend(_spec_variants())
     out.extend(_host_transfer_variants())
-    # stage 2, plain (int8, bf16) and un-rotating the octave output (UNROTATE, since round 17)
+    # stage 2, plain (int8, bf16) and un-rotating the octave output (UNROTATE)
     for unrotate in (False, True):
         out.append(("decode_stage2 d256" + (" unrotate" if unrotate else ""), decode._decode_stage2, {
             "mid_o": p32, "mid_lse": p32, "out_ptr": pb16, "kv_indptr": pi32, "num_kv_splits": pi32, "sign_ptr": p32,
@@ -128,7 +130,9 @@ def _mma_variants():
     """decode_mma's Gluon stage 1 (octave_k3v4 and octave_k3v3 at head_dim 128 and 256; int8 at 64, 128 and 256),
     NVIDIA targets only:
     mma.sync and movmatrix have no RDNA3 counterpart, and there decode runs decode._decode_stage1."""
-    from . import decode, mma_int8, mma_octave, mma_ptx
+    from . import decode, launch_table, mma_int8, mma_octave, mma_ptx
+
+    t = launch_table
 
     i32 = "i32"
     strides = {s: i32 for s in ("stride_kc_slot", "stride_kc_head", "stride_ks_slot", "stride_ks_head",
@@ -141,11 +145,12 @@ def _mma_variants():
         **strides, GROUP=C(8), BLOCK_N=C(n), MIN_BLOCK=C(decode.MIN_BLOCK_KV), WIDE=C(False), D256=C(d == 256),
         SPLIT_MUL=C(1), V3=C(v3), Q8=C(q8), STEP4=C(mma_ptx.q8_table(4)[0]),
         STEP3=C(mma_ptx.q8_table(3)[0]), LAZY=C(lazy)), {"num_warps": 1, BACKENDS: ("cuda",)})
-        for v3 in (False, True) for d in (128, 256) for n in (16, 32) for layout in [f"d{d}{'v3' if v3 else ''}"]
-        # bf16 scores, eager (round 18) and lazy where decode.MMA_LAZY has it; int8 scores at the default n, lazy
-        # where decode.MMA_LAZY_QK8 has it
-        for q8, lazy in ((False, False), (False, True), (True, layout in decode.MMA_LAZY_QK8))
-        if (not lazy or layout in decode.MMA_LAZY) and (not q8 or n == decode.MMA_BLOCK_N[layout])] + [
+        for v3 in (False, True) for d in (128, 256) for n in (16, 32) for name in [f"octave_k3v{3 if v3 else 4}"]
+        # bf16 scores, eager and lazy where launch_table.MMA_LAZY has it; int8 scores at the default n, lazy where
+        # launch_table.MMA_LAZY_QK8 has it
+        for q8, lazy in ((False, False), (False, True), (True, t.at(t.MMA_LAZY_QK8, t.NVIDIA, name, d, False)))
+        if (not lazy or t.at(t.MMA_LAZY, t.NVIDIA, name, d, False))
+        and (not q8 or n == t.at(t.MMA_BLOCK_N, t.NVIDIA, name, d))] + [
         (f"decode_stage1_mma int8 d{d} n{n}", mma_int8._decode_stage1_mma_int8, dict(
             q_ptr="*bf16", k_codes="*i8", k_scales="*fp32", v_codes="*i8", v_scales="*fp32", kv_indptr="*i32",
             kv_indices="*i64", num_kv_splits="*i32", mid_o="*fp32", mid_lse="*fp32", sm_scale="fp32", lut_ptr="*i32",

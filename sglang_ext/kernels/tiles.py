@@ -157,7 +157,7 @@ def scores(FMT: tl.constexpr, q0, q1, q2, q3, codes_ptr, scales_ptr, row, srow, 
     |q| <= 1 per row for int8 with I8_F16: see q_blocks_f16). KV_A: transposed, K as the dots' first operand,
     k . q [BLOCK_N, M] from q blocks [64, M]: with M = 8 query rows (a GQA group of 8) the tensor-core tiles hold no
     padding rows, and the loop-invariant q is the second operand, 2 registers per 16 dims that no row padding
-    duplicates (docs/benchmarks/kernels.md, round 11)."""
+    duplicates (measured: launch_table.TRITON_LAUNCH's kv_a entries)."""
     if KV_A:
         qk = tl.zeros([BLOCK_N, M], dtype=tl.float32)
     else:

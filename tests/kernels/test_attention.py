@@ -378,7 +378,7 @@ def test_tree_verify_through_decode_matches_reference(name, head_dim, rotary_dim
     assert err < _f32_tol(device), f"{name}: tree verify through decode differs from the reference by {err}"
 
 
-# The launches of decode.DEFAULT_LAUNCH (on an H200 they are the defaults; under the interpreter only when asked):
+# The launches of launch_table.TRITON_LAUNCH (on an H200 they are the defaults; under the interpreter only when asked):
 # K / V as the dots' first operand (kv_a), query rows not padded to 16 (min_rows 8), 1 or 2 warps, for a decode step
 # and a chain verify, every format; the reference is the extend reference (q_len 1: a decode step).
 @pytest.mark.parametrize("name", FORMAT_NAMES)

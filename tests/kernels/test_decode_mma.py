@@ -1,7 +1,7 @@
-"""The Gluon stage 1 (decode_mma's launch of mma_octave / mma_int8): its PTX lookups (mma_ptx) exhaustively
-through the CPU emulator (tests/kernels/ptx_emulator.py), its scope errors, and on a GPU (TRITON_INTERPRET=0) the
-kernel against the torch reference. Gluon kernels do not run under the interpreter, so on CPU only the first two parts run; the build
-for sm_80 / sm_86 / sm_90 is checked by test_targets.py."""
+"""The Gluon stage 1 (decode_mma's launch of mma_octave / mma_int8): its PTX lookups (mma_ptx) exhaustively through
+the CPU emulator (tests/kernels/ptx_emulator.py), its scope errors, and on a GPU (TRITON_INTERPRET=0) the kernel
+against the torch reference. Gluon kernels do not run under the interpreter, so on CPU only the first two parts run;
+the build for sm_80 / sm_86 / sm_90 is checked by test_targets.py."""
 
 import random
 
@@ -166,7 +166,7 @@ def test_scope_errors_name_what_is_supported(device):
 @pytest.mark.parametrize("opts", [{}, {"qk8": False, "lazy": False}, {"qk8": True}],
                          ids=["default", "eager-rescale", "int8-scores"])
 def test_mma_decode_matches_reference(name, head_dim, group, h_kv, page_size, given_splits, opts, device):
-    """The default octave path (decode.MMA_QK8 / MMA_LAZY / MMA_LAZY_QK8: int8 scores at d128, bf16 at d256), bf16
+    """The default octave path (launch_table.MMA_QK8 / MMA_LAZY / MMA_LAZY_QK8: int8 scores at d128, bf16 at d256), bf16
     scores with the eager rescale, and int8 scores everywhere."""
     if device != "cuda":
         pytest.skip("a Gluon kernel: runs on an NVIDIA GPU only (TRITON_INTERPRET=0)")
@@ -204,9 +204,10 @@ def test_int8_default_takes_the_gluon_kernel_for_long_requests_only(device):
         pytest.skip("the default choice of an NVIDIA GPU of compute capability 9")
     from sglang_ext.kernels import decode
     from sglang_ext.kernels.decode_plan import plan_decode
+    from sglang_ext.kernels.launch_table import MMA_INT8_MIN_TOKENS
 
     fmt = get_format("int8", 128)
-    for length, stage1 in ((decode.MMA_INT8_MIN_TOKENS - 32, "triton"), (decode.MMA_INT8_MIN_TOKENS, "mma")):
+    for length, stage1 in ((MMA_INT8_MIN_TOKENS - 32, "triton"), (MMA_INT8_MIN_TOKENS, "mma")):
         planes = fmt.allocate(2 * length, 1, device)
         gen = torch.Generator(device=device).manual_seed(length)
         store_kv(fmt, planes, torch.arange(2 * length, device=device),

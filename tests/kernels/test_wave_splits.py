@@ -4,7 +4,8 @@ decode.default_launch: where the measured launches apply."""
 import math
 from types import SimpleNamespace
 
-from sglang_ext.kernels.decode import SPLIT_OVERHEAD_ITERS, resident_programs, wave_splits
+from sglang_ext.kernels.decode import resident_programs, wave_splits
+from sglang_ext.kernels.launch_table import SPLIT_OVERHEAD_ITERS
 from sglang_ext.kernels.device import CPU, DeviceInfo
 
 
@@ -13,8 +14,8 @@ def _cost(programs: int, s: int, slots: int, seq_len: int, block_n: int) -> int:
     return math.ceil(programs * s / slots) * (max(1, math.ceil(per_split / block_n)) + SPLIT_OVERHEAD_ITERS)
 
 
-# The cases below are launches of benchmarks/kernels_splits.py's grid on an H200 (132 SMs; docs/benchmarks/
-# kernels.md, round 13): (requests x KV heads, slots = 132 x resident programs, tokens per request, block_n).
+# The cases below are launches measured on an H200 (132 SMs; docs/benchmarks/kernels-r13-splits.json): (requests x
+# KV heads, slots = 132 x resident programs, tokens per request, block_n).
 
 def test_batch_8_at_32k_fills_one_wave_instead_of_a_part_empty_second():
     # octave_k3v4 d256: 8 x 4 KV heads, 3 programs per SM. 12 splits = 384 programs in one wave of 396 (measured
@@ -77,11 +78,12 @@ INTERPRETED_GPU = DeviceInfo(vendor="cuda", interpreted=True, capability=(9, 0),
 
 
 def test_register_cap_only_where_it_was_measured():
-    from sglang_ext.kernels import decode, tables
+    from sglang_ext.kernels import decode
 
-    octave, int8 = tables.FMT_OCTAVE, tables.FMT_INT8
-    assert decode.default_maxnreg(octave, 16, 1, 128, H200) == decode.OCTAVE_MAXNREG
-    assert decode.default_maxnreg(octave, 16, 1, 256, H200) == decode.OCTAVE_MAXNREG
+    octave, int8 = "octave_k3v4", "int8"
+    assert decode.default_maxnreg(octave, 16, 1, 128, H200) == 128
+    assert decode.default_maxnreg("octave_k3v3", 16, 1, 256, H200) == 128
+    assert decode.default_maxnreg("bf16", 16, 1, 128, H200) is None
     assert decode.default_maxnreg(int8, 16, 1, 128, H200) is None  # int8 measured slower with the cap
     assert decode.default_maxnreg(octave, 32, 4, 128, H200) is None  # chain verify: not measured
     assert decode.default_maxnreg(octave, 16, 4, 128, H200) is None
@@ -93,15 +95,16 @@ def test_register_cap_only_where_it_was_measured():
 
 
 def test_launch_table_only_where_it_was_measured():
-    from sglang_ext.kernels import decode
+    from sglang_ext.kernels import decode, launch_table
     from sglang_ext.kvformats import get_format
 
+    entry = launch_table.at(launch_table.TRITON_LAUNCH, launch_table.SM90, "octave_k3v3", 128)
     octave = get_format("octave_k3v3", 128)  # 1 warp a program
     full = 8 * 8 * 16  # batch 8 x 8 KV heads x 16 splits: the measured grid
-    assert decode.default_launch(octave, 8, 1, H200, full) == decode.DEFAULT_LAUNCH[("octave_k3v3", 128)]
+    assert decode.default_launch(octave, 8, 1, H200, full) == entry and entry["num_warps"] == 1
     assert decode.default_launch(get_format("int8", 256), 4, 1, H200, 8 * 4 * 16)["kv_a"] is True
     small = decode.default_launch(octave, 8, 1, H200, 1 * 8 * 16)  # batch 1: 1 warp per SM at most
-    assert small == {**decode.DEFAULT_LAUNCH[("octave_k3v3", 128)], "num_warps": 4, "block_n": 128}
+    assert small == {**entry, "num_warps": 4, "block_n": 128}
     int8 = get_format("int8", 128)  # its entry pipelines 2 deep; the small-grid launch keeps Triton's default
     assert decode.default_launch(int8, 8, 1, H200, full)["num_stages"] == 2
     assert "num_stages" not in decode.default_launch(int8, 8, 1, H200, 1 * 8 * 16)
@@ -117,8 +120,9 @@ def test_launch_table_only_where_it_was_measured():
 
 def test_mma_split_rule_takes_the_measured_counts():
     # decode_mma's one-warp programs on an H200: 132 SMs, 12 resident (165 registers a thread); the counts the
-    # rule allows at the shapes of docs/benchmarks/kernels.md, round 15, and wave_splits' choice within them
-    from sglang_ext.kernels.decode import MMA_MAX_SPLITS, mma_max_splits
+    # rule allows at the measured shapes (docs/benchmarks/kernels-r15-alternate.json), and wave_splits' choice
+    from sglang_ext.kernels.decode import mma_max_splits
+    from sglang_ext.kernels.launch_table import MMA_MAX_SPLITS
 
     slots, sms = 132 * 12, 132
     assert mma_max_splits(1, 8, 131072, slots, sms, 16) == MMA_MAX_SPLITS  # 128 splits: 95-100 us, 16: 419

@@ -174,7 +174,7 @@ def test_int8_stage1_follows_the_lengths_not_the_kv_indices_buffer(runtime, on_h
     # int8 takes the Gluon stage 1 from a mean length of MMA_INT8_MIN_TOKENS (8k) only. SGLang's eager decode
     # metadata over-allocates kv_indices to batch x context length when seq_lens_sum is not set, and a CUDA graph's
     # buffer is max batch x context length: a rule reading kv_indices.shape[0] took the 8k+ path for 4k requests.
-    from sglang_ext.kernels.decode import MMA_INT8_MIN_TOKENS
+    from sglang_ext.kernels.launch_table import MMA_INT8_MIN_TOKENS
 
     backend = make_backend(runtime, "int8")
     backend.req_to_token[1:3].fill_(1)  # only planned here: any slots do
