@@ -1,6 +1,9 @@
 """Agent-session replay: TTFT of a turn whose history is cold, warm on device, on the HiCache host tier, or in
 the storage tier after a restart, per context size and per --kv-cache-dtype.
 
+Produces docs/benchmarks/agent-sessions.md, "Current run" (TTFT per format and context). Time: about 3-4 minutes
+per format on 2 CPU cores at contexts up to 6.6k tokens (one server each).
+
     python benchmarks/agent_sessions.py --kv-cache-dtypes bf16,int8 --contexts 512,1024,2048,4096 \
         --out docs/benchmarks/agent-sessions.md
 

@@ -1,7 +1,7 @@
-"""Per-SM throughput of the integer instructions the octave lookups are made of, on the GPU at hand (round 17 of
-docs/benchmarks/kernels.md):
+"""Per-SM throughput of the integer instructions the octave lookups are made of, on the GPU at hand: the rate of
+the integer ALU pipe in docs/benchmarks/kernels.md's roofline ("Decode at the byte limit"). A few kernel launches:
 
-    python3 benchmarks/gpu_pipes.py [SM_CLOCK_HZ] > $OUT/pipes.txt      # on the H200: 1.98e9
+    python3 benchmarks/gpu_pipes.py [SM_CLOCK_HZ]      # on the H200: 1.98e9
 
 Each kernel runs 32 chained instructions of one kind (or two kinds alternating) per loop iteration, in 4-warp
 programs, 16 programs per SM, 4096 iterations; printed: lane operations per clock per SM (the SM clock is the

@@ -1,6 +1,6 @@
-"""Timing GPU calls the way round 12 of docs/benchmarks/kernels.md settled on: each call timed alone with CUDA
-events after a 256 MB read has evicted the L2 (`bench_clean`), optionally as the replay of a CUDA graph captured
-once (`bench_graph`), which leaves out the host's launch time."""
+"""How kernels_roofline.py times GPU calls (docs/benchmarks/kernels.md, "Method"; a helper, nothing to run on its
+own): each call timed alone with CUDA events after a 256 MB read has evicted the L2 (`bench_clean`), optionally
+as the replay of a CUDA graph captured once (`bench_graph`), which leaves out the host's launch time."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ _GRAPHS: dict = {}
 def bench_graph(fn) -> float:
     """bench_clean of fn captured once in a CUDA graph (what a serving engine replays at decode): the kernels'
     time without the host's launch time, which eager timings of short calls include whenever the host launches
-    slower than the GPU runs (the 'slow states' of rounds 10-11)."""
+    slower than the GPU runs."""
     if fn not in _GRAPHS:
         _GRAPHS[fn] = capture_graph(fn)
     return bench_clean(_GRAPHS[fn].replay)

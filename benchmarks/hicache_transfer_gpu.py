@@ -2,7 +2,11 @@
 `--hicache-io-backend kernel` runs) against the torch path (kernels/host_pages.py, `direct`), per KV format and
 host layout. Checks every moved byte (both paths against the source rows) and reports time and GB/s.
 
-    python benchmarks/hicache_transfer_gpu.py --out $OUT     # needs CUDA; no SGLang import
+Produces docs/benchmarks/agent-sessions.md, "On a GPU: host <-> device moves", and the GPU figures of
+docs/kv-formats.md, "HiCache with compressed formats". Time: not recorded (one process, no
+server).
+
+    python benchmarks/hicache_transfer_gpu.py --out results/     # needs CUDA; no SGLang import
 
 Shape: a 48-layer model with 8 KV heads of head_dim 128 (rotary 128); a session of --tokens tokens moves from
 device slots to host slots (backup, all layers) and back to other device slots (load, layer by layer, as

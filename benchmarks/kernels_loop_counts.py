@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 # targets' variant labels: the Triton stage 1 as sm_86 / gfx1100 launch it (and " launch": as sm_90 does, its
-# decode.DEFAULT_LAUNCH entry), and decode_mma's Gluon stage 1 in the planners' default variants
+# launch_table.TRITON_LAUNCH entry), and decode_mma's Gluon stage 1 in the planners' default variants
 CASES = [f"decode_stage1 {f} d{d}{s}" for f in ("bf16", "int8", "octave_k3v4", "octave_k3v3") for d in (128, 256)
          for s in ("", " launch")] + [
     "decode_stage1_mma octave_k3v4 d128 n32 qk8 lazy", "decode_stage1_mma octave_k3v3 d128 n32 qk8 lazy",

@@ -1,7 +1,7 @@
 """Decode at the byte limit: the table of docs/benchmarks/kernels.md's section "Decode at the byte limit".
 
     # on an H200, with SGLang's kernel files in .whl/sglang_0_5_23_kernels/ (kernels_sglang_baseline.py): ~140 s
-    PYTHONUNBUFFERED=1 python3 benchmarks/kernels_roofline.py --out $OUT
+    PYTHONUNBUFFERED=1 python3 benchmarks/kernels_roofline.py --out results/
     # here, no GPU: the harness at tiny sizes under the Triton interpreter (no meaningful times)
     TRITON_INTERPRET=1 .venv/bin/python benchmarks/kernels_roofline.py --quick --out /tmp/kr
     # the doc's tables from the JSON
@@ -38,7 +38,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from kernels_check import rel_err
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64."""
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm())
 
 # label -> (head_dim, q heads, kv heads, rotary_dim)
 CONFIGS = {"d128-g8": (128, 64, 8, 128), "d128-g4": (128, 32, 8, 128),

@@ -1,10 +1,10 @@
-"""Load SGLang 0.5.23's own Triton decode/extend attention kernels without installing SGLang.
+"""SGLang 0.5.23's own Triton decode attention kernel, the baseline of docs/benchmarks/kernels.md's table, loaded
+without installing SGLang (kernels_roofline.py imports it; nothing to run on its own).
 
-The H200 has no SGLang and no network, and the full wheel plus its pure-Python
-dependencies is far over the 64 MiB carry limit. Instead the benchmark carries
-four unmodified files from the sglang 0.5.23 cp312 wheel
-(``sglang/kernels/ops/attention/{decode_attention,extend_attention,score_mod,metadata}.py``)
-in the git-ignored folder ``.whl/sglang_0_5_23_kernels/`` and imports them by path.
+A GPU machine that runs the kernel benchmark needs neither SGLang nor network access: the benchmark imports four
+unmodified files of the sglang 0.5.23 cp312 wheel
+(``sglang/kernels/ops/attention/{decode_attention,extend_attention,score_mod,metadata}.py``) by path, from the
+git-ignored folder ``.whl/sglang_0_5_23_kernels/`` copied there with the repository.
 
 Those files import five SGLang-internal names; this module puts tiny stand-ins for
 them in ``sys.modules`` first:
@@ -22,7 +22,7 @@ is SGLang's code as shipped. ``SGLangTritonDecode`` reproduces how
 server arguments: ``max_kv_splits = triton_attention_num_kv_splits = 8`` and
 per-request split counts from ``get_num_kv_splits_triton``.
 
-To refresh the carried copy (on a machine with network access)::
+To fetch the four files (on a machine with network access)::
 
     pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_34_x86_64 -d /tmp/w sglang==0.5.23

@@ -1,5 +1,8 @@
 """Decode speed over a compressed KV pool on the portable CPU platform: time per output token at batch 1 and 8.
 
+Produces the CPU decode figures of docs/kv-formats.md, "Known limits". Time: one server start per format plus
+the requests (not recorded).
+
     python benchmarks/kv_decode_tpot.py [--dtypes int8,octave_k3v4] [--batches 1,8] [--prompt 512] [--tokens 64]
 
 For each `--kv-cache-dtype`: one real server (built-in model, float32 weights); for each batch size B, B

@@ -1,5 +1,8 @@
 """Decode tokens/s of the tiny Gemma 3n served on the CPU platform, per-layer table in RAM vs on SSD.
 
+Produces docs/benchmarks/ple.md, "Decode tokens/s of the tiny Gemma 3n served on the CPU platform". Time: about 25
+minutes for `--backends pinned ssd pinned` on 2 CPU cores.
+
 One `python -m sglang.launch_server` at a time (the tests' `ServerProcess`), float32, radix cache off, for each
 backend in `--backends` (`pinned`: SGLang's own in-RAM table; `ssd`: `--ple-offload-backend ssd`). Decode rate
 of a batch of B identical-length requests sent together:

@@ -1,5 +1,9 @@
 """The SSD PLE store's GPU staging path against tables held in GPU memory and in pinned RAM.
 
+Produces docs/benchmarks/ple.md, "H200 machine: GPU staging path vs tables in GPU memory and in pinned RAM"
+(and docs/ple-on-ssd.md's GPU table). Time: not recorded; most of it writes the
+4 GiB table.
+
 Runs where there is a CUDA GPU and no SGLang (the H200 machine): only core modules (`sglang_ext.ple`) are
 imported. On a machine without a GPU it runs the CPU paths (store on CPU vs an in-RAM table), which is how
 the script is tested before it is sent to the GPU machine.

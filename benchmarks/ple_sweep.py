@@ -1,6 +1,9 @@
 """Run `python -m sglang_ext.ple bench` over readers and thread counts; print a markdown table for
 docs/benchmarks/ple.md. Each configuration runs in its own process, so each peak RSS is that run's own.
 
+Produces docs/benchmarks/ple.md, "Results: 4 GiB table". Time: not recorded; each configuration is a
+process that writes the table and gathers cold and warm.
+
     python benchmarks/ple_sweep.py --table-gb 4 --budget-mb 64 --threads 1 4 8 16 32 --readers pread mmap
 """
 

@@ -1,5 +1,7 @@
 """Modelled KV capacity and stage time: the sglang_ext planner vs SGLang's default even split.
 
+Produces every table of docs/benchmarks/pipeline-parallel.md. Time: about 6 s (no GPU, no server).
+
 Everything here is the planner's model (sglang_ext/pp/planner.py), evaluated on published model configs
 (tests/pp/configs); no GPU is used. Prints Markdown tables for docs/benchmarks/pipeline-parallel.md.
 

@@ -1,5 +1,8 @@
 """KV format quality through a real SGLang server: perplexity, greedy agreement with bf16 KV, bytes per token.
 
+Produces docs/benchmarks/quality.md, "Benchmark run" and "Greedy agreement with bf16 KV". Time: one server per
+format (not recorded).
+
 For each `--kv-cache-dtype` it starts `python -m sglang.launch_server` on the built-in SmolLM2-135M (float32
 weights, prefill chunks of --chunk tokens so most context is read back from the KV pool) and measures:
   ppl        perplexity of tests/kvcache/data/constitution_article1.txt (1651 tokens), scored in one request

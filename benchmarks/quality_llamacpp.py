@@ -1,5 +1,8 @@
 """llama.cpp's own KV cache types on the same GGUF and text: the comparison rows of docs/benchmarks/quality.md.
 
+Produces the llama.cpp rows of docs/benchmarks/quality.md, "Benchmark run". Time: not recorded (one process per
+KV type).
+
 Runs in a separate venv with llama-cpp-python (it is not a dependency of sglang-ext):
 
     python3.11 -m venv /work/venv-llamacpp && /work/venv-llamacpp/bin/pip install llama-cpp-python==0.3.36

@@ -1,5 +1,8 @@
 """Start-up time and decode speed of stock SGLang + sglang-ext on the portable CPU platform.
 
+Produces the table of docs/ARCHITECTURE.md, "CPU serving speed". Time: one server start per dtype (40-65 s on
+2 CPU cores) plus one 64-token request.
+
     python benchmarks/serve_cpu.py [--dtype bfloat16 float32] [--tokens 64] [--out docs/benchmarks/serve-cpu.json]
 
 For each dtype: starts a real server (built-in model), measures wall time until /health_generate answers,

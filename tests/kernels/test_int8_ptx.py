@@ -1,6 +1,6 @@
 """The PTX int8 -> fp16 conversion (kernels/int8_ptx.py) runs only on NVIDIA GPUs; here its instruction text is
 executed by the emulator over every int8 value in every byte position, against torch's exact conversion. On a
-GPU, benchmarks/kernels_check.py compares the int8 decode that uses it with the torch reference."""
+GPU, test_attention.py compares the int8 decode that uses it with the torch reference."""
 
 import torch
 from ptx_emulator import run

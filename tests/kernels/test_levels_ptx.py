@@ -1,7 +1,7 @@
 """The PTX level lookup (kernels/levels_ptx.py) runs only on NVIDIA GPUs; here its instruction text is executed
 by a small emulator of the PTX instructions it uses (tests/kernels/ptx_emulator.py), over
-every byte / code, against the bf16-rounded Lloyd-Max levels. On a GPU, test_attention's bf16-operand test and
-benchmarks/kernels_check.py compare the kernels that use it with the torch reference."""
+every byte / code, against the bf16-rounded Lloyd-Max levels. On a GPU, test_attention's bf16-operand test compares
+the kernels that use it with the torch reference."""
 
 import torch
 from ptx_emulator import run as _run
