@@ -236,7 +236,7 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
         # the rotated q / k / v only ever reach the dots, so with bf16 dot operands they are stored in bf16 (the
         # kernel would round them to bf16 anyway: same values, half the bytes; with float32 copies the H200 took
         # 21.6 ms over the scratch and 48.8 direct at d128, 16.2 / 36.3 without: docs/benchmarks/
-        # kernels-variants-6.json, -7.json); the output stays float32 for its un-rotation
+        # kernels-variants-6.json and kernels-variants-7.json); the output stays float32 for its un-rotation
         rot = torch.bfloat16 if bf16_dots else f32
         q_in = rotate_rows(q_extend, torch.empty(q_extend.shape, dtype=rot, device=dev), rotation.K_TENSOR, False)
         if new_slots is None:  # else the new tokens come from the planes, already rotated
