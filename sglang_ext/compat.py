@@ -211,6 +211,12 @@ GDN_KERNEL_TARGETS = {
 # `_forward_impl`, SGLang's portable orchestration (torch fallbacks for non-CUDA tensors). hybrid/qsa.py.
 HOOK_QSA_INDEXER_FORWARD_NATIVE = "sglang.srt.layers.attention.qsa.qsa_indexer.QSAIndexer.forward_native"
 QSA_INDEXER_FORWARD_IMPL = "_forward_impl"
+# The two non-CUDA steps of that path that loop over query rows in Python (block top-k, sparse attention),
+# replaced by the batched torch ops of sglang_ext/hybrid/ops/qsa_sparse.py on the CPU platform.
+QSA_KERNEL_TARGETS = {
+    "qsa_fast_topk": "sglang.srt.layers.attention.qsa.kernel.qsa_fast_topk",
+    "qsa_sparse_attention": "sglang.srt.layers.attention.qsa.kernel.qsa_sparse_attention",
+}
 # --- speculative decoding on the portable CPU platform (sglang_ext/spec/) ----------------------------------
 # Functions replaced (HookRegistry REPLACE) by torch ops: their modules import on any platform, but on an
 # out-of-tree platform these functions launch Triton kernels on CPU tensors or refuse the platform.
@@ -365,6 +371,10 @@ HOOKED_SIGNATURES = {
         "threshold_single=1.0, threshold_acc=1.0, deterministic=True)"),
     "sglang.kernels.ops.sampling.renorm_triton.top_k_renorm_probs_triton": "(probs, top_k)",
     "sglang.kernels.ops.sampling.renorm_triton.top_p_renorm_probs_triton": "(probs, top_p)",
+    # qwen4_exp's QSA steps replaced on the CPU platform (QSA_KERNEL_TARGETS)
+    "sglang.srt.layers.attention.qsa.kernel.qsa_fast_topk": "(logits, row_starts, row_ends, topk)",
+    "sglang.srt.layers.attention.qsa.kernel.qsa_sparse_attention": (
+        "(q, k_cache, v_cache, token_slots, softmax_scale=None)"),
     # hybrid GDN models on the CPU platform (sglang_ext/hybrid/): the replaced Triton kernels
     "sglang.kernels.ops.attention.fla.chunk.chunk_gated_delta_rule": (
         "(q, k, v, g, beta, scale=None, initial_state=None, initial_state_indices=None, cu_seqlens=None, "

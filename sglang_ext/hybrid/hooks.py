@@ -18,6 +18,7 @@ from sglang_ext.hybrid.ops import (
     state_scatter,
 )
 from sglang_ext.hybrid.ops.errors import UnsupportedGdnOption
+from sglang_ext.hybrid.ops.qsa_sparse import ragged_topk, sparse_gqa_attention
 from sglang_ext.hybrid.qsa import qsa_indexer_forward_native
 from sglang_ext.platform import cpu_platform_active
 
@@ -51,6 +52,9 @@ TORCH_OPS = {
     "fused_conv_window_scatter_multi": state_scatter.fused_conv_window_scatter_multi,
 }
 
+# qwen4_exp's QSA path (compat.QSA_KERNEL_TARGETS)
+QSA_TORCH_OPS = {"qsa_fast_topk": ragged_topk, "qsa_sparse_attention": sparse_gqa_attention}
+
 
 def register() -> list[str]:
     global _registered
@@ -63,4 +67,6 @@ def register() -> list[str]:
     for name, target in compat.GDN_KERNEL_TARGETS.items():
         hook_chain.register(target, TORCH_OPS[name], compat.HookType.REPLACE)
     hook_chain.register(compat.HOOK_QSA_INDEXER_FORWARD_NATIVE, qsa_indexer_forward_native, compat.HookType.REPLACE)
+    for name, target in compat.QSA_KERNEL_TARGETS.items():
+        hook_chain.register(target, QSA_TORCH_OPS[name], compat.HookType.REPLACE)
     return ["hybrid GDN ops (torch) on the cpu platform"]

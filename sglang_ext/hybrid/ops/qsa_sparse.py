@@ -1,0 +1,81 @@
+"""Torch ops of qwen4_exp's QSA (indexed sparse attention) path, batched over rows (core: no SGLang import).
+
+SGLang's non-CUDA paths for these two steps loop over query rows in Python: one `torch.topk` per row for the
+block selection, one gather + softmax per row for the attention. These take the same arguments and return the
+same values, with the rows batched (the attention in row chunks of bounded memory).
+
+    ragged_topk(logits, row_starts, row_ends, topk)            stands in for qsa.kernel.qsa_fast_topk
+    sparse_gqa_attention(q, k_cache, v_cache, token_slots, softmax_scale)
+                                                              stands in for qsa.kernel.qsa_sparse_attention
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Bytes of gathered keys + values (compute dtype) per attention chunk.
+_CHUNK_BYTES = 64 << 20
+
+
+def ragged_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor, topk: int) -> torch.Tensor:
+    """Top-`topk` columns of each row's section `logits[r, row_starts[r]:row_ends[r]]`.
+
+    logits: [rows, width] float; row_starts, row_ends: [rows] integers with 0 <= start <= end <= width.
+    Returns [rows, topk] int32: column indices relative to the row's start, highest score first; a row with fewer
+    than `topk` columns is padded with -1 after its min(topk, length) entries. Columns outside a row's section
+    are never selected, whatever their value (-inf inside the section included).
+    """
+    rows, width = logits.shape
+    out = torch.full((rows, topk), -1, dtype=torch.int32, device=logits.device)
+    if rows == 0 or width == 0 or topk == 0:
+        return out
+    starts = row_starts.to(device=logits.device, dtype=torch.long).reshape(rows, 1)
+    ends = row_ends.to(device=logits.device, dtype=torch.long).reshape(rows, 1)
+    columns = torch.arange(width, device=logits.device).reshape(1, width)
+    inside = (columns >= starts) & (columns < ends)
+    scores = logits.float() if logits.dtype != torch.float64 else logits
+    # Inside the section every value outranks every column outside it, -inf included.
+    scores = torch.where(inside, scores.clamp_min(torch.finfo(scores.dtype).min), float("-inf"))
+    k = min(topk, width)
+    picked = scores.topk(k, dim=1).indices  # [rows, k], descending
+    taken = torch.arange(k, device=logits.device).reshape(1, k) < (ends - starts).clamp(0, k)
+    out[:, :k] = torch.where(taken, picked - starts, -1).to(torch.int32)
+    return out
+
+
+def sparse_gqa_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, token_slots: torch.Tensor,
+                         softmax_scale: float | None = None) -> torch.Tensor:
+    """Softmax attention of each query row over the KV slots it selected.
+
+    q: [rows, q_heads, head_dim]; k_cache, v_cache: [slots, kv_heads, head_dim] (query head h reads kv head
+    h // (q_heads // kv_heads)); token_slots: [rows, selected] physical slot indices, -1 = none.
+    Returns [rows, q_heads, head_dim] in q's dtype; a row that selected nothing gets zeros. Arithmetic in float32
+    (float64 for float64 inputs); scale `softmax_scale or head_dim ** -0.5`.
+    """
+    if q.ndim != 3 or k_cache.ndim != 3 or v_cache.ndim != 3:
+        raise ValueError("q, k_cache and v_cache must be rank-3 tensors")
+    if token_slots.ndim != 2 or token_slots.shape[0] != q.shape[0]:
+        raise ValueError(f"token slots must be [query rows, selected], got {tuple(token_slots.shape)}")
+    rows, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    if q_heads % kv_heads or k_cache.shape[-1] != head_dim or v_cache.shape[-1] != head_dim:
+        raise ValueError(f"q {tuple(q.shape)} does not fit k/v caches {tuple(k_cache.shape)}")
+    group = q_heads // kv_heads
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scale = softmax_scale or head_dim**-0.5
+    out = torch.zeros_like(q)
+    width = token_slots.shape[1]
+    step = max(1, _CHUNK_BYTES // max(1, 2 * width * kv_heads * head_dim * torch.finfo(compute).bits // 8))
+    for start in range(0, rows, step):
+        slots = token_slots[start:start + step].long()  # [r, width]
+        valid = slots >= 0
+        keys = k_cache[slots.clamp_min(0)].to(compute)  # [r, width, kv_heads, head_dim]
+        values = v_cache[slots.clamp_min(0)].to(compute)
+        queries = q[start:start + step].to(compute).reshape(-1, kv_heads, group, head_dim)
+        scores = torch.einsum("rhgd,rkhd->rhgk", queries, keys) * scale
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        probs = torch.where(valid.any(dim=1)[:, None, None, None], probs, 0.0)  # no slots: softmax gave NaN
+        rows_out = torch.einsum("rhgk,rkhd->rhgd", probs, values)
+        out[start:start + step] = rows_out.reshape(-1, q_heads, head_dim).to(q.dtype)
+    return out
