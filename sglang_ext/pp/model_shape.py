@@ -10,6 +10,9 @@ Estimate (bytes = parameters x bytes per parameter; biases and norms ignored, th
   MLA              q (lora or plain) + kv_a + kv_b + o      (DeepSeek-style `kv_lora_rank`)
   linear attention H*(2*nk*dk + 2*nv*dv) + H*2*nv + (2*nk*dk + nv*dv)*conv + nv*dv*H   (Qwen3-Next / 3.5 GDN)
   dense MLP        3*H*I;  MoE layer  E*3*H*I_moe + H*E + shared expert 3*H*I_shared
+  recurrent state  per request and linear-attention layer, as SGLang's Mamba pool holds it (configs/mamba_utils.py):
+                   SSM nv*dv*dk in float32 (or the config's mamba_ssm_dtype) + conv window
+                   (2*nk*dk + nv*dv)*(conv-1) in bfloat16 (SGLANG_MAMBA_CONV_DTYPE's default)
   embedding        V_pad*H on the first stage; lm_head V_pad*H on the last (also when tied: under PP SGLang
                    builds a separate lm_head on the last rank and fills it from the embedding weights)
 """
@@ -50,6 +53,12 @@ class ModelShape:
     divisibility: tuple[tuple[str, int], ...] = ()  # (what, size) TP must divide, besides the heads
     num_experts: int = 0
     experts_per_token: int = 0
+    linear_state_bytes: float = 0.0  # one request's recurrent state in one linear-attention layer, TP 1
+
+    @property
+    def layer_has_state(self) -> tuple[bool, ...]:
+        """Layers whose per-request recurrent state sits in SGLang's Mamba pool (the linear-attention ones)."""
+        return tuple(not kv for kv in self.layer_has_kv) if self.linear_state_bytes else (False,) * self.num_layers
 
     def touched_expert_fraction(self, batch: int) -> float:
         """Expected share of a MoE layer's routed experts that `batch` tokens read, each picking
@@ -171,6 +180,8 @@ def _shape_from_config(config: Mapping[str, Any], name: str) -> ModelShape:
     dk, dv = int(cfg.get("linear_key_head_dim") or 0), int(cfg.get("linear_value_head_dim") or 0)
     conv = int(cfg.get("linear_conv_kernel_dim") or 4)
     linear = H * (2 * nk * dk + 2 * nv * dv) + H * 2 * nv + (2 * nk * dk + nv * dv) * conv + nv * dv * H
+    ssm_bytes = _DTYPE_BYTES.get(str(cfg.get("mamba_ssm_dtype") or "float32"), 4.0)
+    linear_state = nv * dv * dk * ssm_bytes + (2 * nk * dk + nv * dv) * (conv - 1) * 2.0
 
     # MLP block
     I = int(cfg.get("intermediate_size") or 4 * H)
@@ -234,4 +245,5 @@ def _shape_from_config(config: Mapping[str, Any], name: str) -> ModelShape:
         divisibility=tuple(divisibility),
         num_experts=experts if moe_ids else 0,
         experts_per_token=top_k if moe_ids else 0,
+        linear_state_bytes=float(linear_state) if "linear" in kinds else 0.0,
     )

@@ -9,8 +9,11 @@ So for stages s with GPU memory M_s, weights W_s and A_s KV layers:
 
     capacity = floor((min_s(M_s - ctx - W_s) - slack) / h / (kv_bytes_per_token_layer * max_s A_s))
 
-with h = 1 + mamba_full_memory_ratio for hybrid (linear-attention) models, whose state pool takes its share
-of the same budget, else 1. Objective of `plan_partition`, lexicographic:
+with h = 1 + mamba_full_memory_ratio for hybrid (linear-attention) models, whose Mamba state pool takes its
+share of the same budget, else 1 (kv_cache_configurator._handle_max_mamba_cache). With --max-mamba-cache-size K
+the state pool is fixed instead: h = 1 and the budget first loses (K + 1) x state_bytes x max_s B_s, B_s being
+stage s's linear-attention layers (SGLang prices every rank's pool at the fullest stage's share). In both modes
+the number of requests whose state fits (`mamba_slots`) falls as max_s B_s grows. Objective of `plan_partition`, lexicographic:
   1. maximise `capacity` (memory unknown: minimise max_s A_s instead);
   2. among splits whose capacity is within `capacity_slack` of the best and not below the default split's,
      minimise the modelled bottleneck stage time max_s T_s (decode step, memory-bandwidth bound: the weights
@@ -73,6 +76,7 @@ class PlanOptions:
     bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS
     capacity_slack: float = 0.02
     mamba_full_memory_ratio: float = 0.9  # SGLang's default: hybrid models give the state pool r/(1+r) of it
+    max_mamba_cache_size: int | None = None  # --max-mamba-cache-size: a fixed state pool of that many requests
 
     def __post_init__(self):
         if self.gpu_mem_gib is not None and (not self.gpu_mem_gib or min(self.gpu_mem_gib) <= 0):
@@ -93,6 +97,8 @@ class Evaluation:
     stage_ms: tuple[float, ...]
     capacity: int | None  # SGLang 0.5.23's KV token capacity (see module docstring)
     kv_bytes_per_token_layer: float  # per GPU
+    state_layers: tuple[int, ...] = ()  # linear-attention layers per stage (recurrent state, no KV)
+    mamba_slots: int | None = None  # requests whose recurrent state the Mamba pool holds (hybrids, memory known)
 
     @property
     def bottleneck_ms(self) -> float:
@@ -118,6 +124,10 @@ class _StageModel:
             [(b - r + r * touched) / tp for b, r in zip(shape.layer_weight_bytes, shape.layer_routed_bytes)]
         )
         self.a = _prefix([1 if k else 0 for k in shape.layer_has_kv])
+        self.b = _prefix([1 if st else 0 for st in shape.layer_has_state])
+        self.hybrid = not all(shape.layer_has_kv)
+        self.state_layer = shape.linear_state_bytes / tp  # SGLang shards the state's heads over TP
+        self.fixed_state = self.hybrid and opts.max_mamba_cache_size is not None
         lm_head = 0.0 if (pp == 1 and shape.tied_embeddings) else shape.lm_head_bytes
         self.embed, self.lm_head = shape.embed_bytes / tp, lm_head / tp
         mem = opts.gpu_mem_gib
@@ -142,6 +152,9 @@ class _StageModel:
     def kv_layers(self, i: int, j: int) -> int:
         return self.a[j] - self.a[i]
 
+    def state_layers(self, i: int, j: int) -> int:
+        return self.b[j] - self.b[i]
+
     def free(self, s: int, i: int, j: int) -> float:
         return self.stage_mem[s] - CUDA_CONTEXT_GIB * GIB - self.weights(s, i, j)
 
@@ -151,13 +164,41 @@ class _StageModel:
         kv = o.decode_batch * o.context_tokens * self.kv_tok_layer * self.kv_layers(i, j)
         return (read + kv) / (o.bandwidth_gbs * 1e9) * 1e3
 
-    def capacity(self, min_free: float, max_kv_layers: int) -> int:
+    def kv_budget(self, min_free: float, max_state_layers: int) -> float:
+        """Bytes each rank gives its KV pool: the static budget less the Mamba state pool
+        (_handle_max_mamba_cache: a fixed pool of K + 1 slots at the fullest stage's state, or r / (1 + r))."""
         rest = min_free - self.slack
-        if not all(self.shape.layer_has_kv):  # linear-attention state pool (_handle_max_mamba_cache)
-            rest /= 1.0 + self.opts.mamba_full_memory_ratio
+        if self.fixed_state:
+            return rest - (self.opts.max_mamba_cache_size + 1) * self.state_layer * max_state_layers
+        if self.hybrid:
+            return rest / (1.0 + self.opts.mamba_full_memory_ratio)
+        return rest
+
+    def capacity(self, min_free: float, max_kv_layers: int, max_state_layers: int = 0) -> int:
+        rest = self.kv_budget(min_free, max_state_layers)
         if rest <= 0 or max_kv_layers == 0:
             return 0
         return int(rest // (self.kv_tok_layer * max_kv_layers))
+
+    def free_needed(self, tokens: int, max_kv_layers: int, max_state_layers: int) -> float:
+        """The smallest min_s free memory for which `capacity` reaches `tokens` (inverse of kv_budget)."""
+        kv = tokens * self.kv_tok_layer * max(max_kv_layers, 1)
+        if self.fixed_state:
+            return kv + (self.opts.max_mamba_cache_size + 1) * self.state_layer * max_state_layers + self.slack
+        if self.hybrid:
+            return kv * (1.0 + self.opts.mamba_full_memory_ratio) + self.slack
+        return kv + self.slack
+
+    def mamba_slots(self, min_free: float, max_state_layers: int) -> int | None:
+        """Requests the state pool holds: K when fixed, else what r / (1 + r) of the budget buys at the fullest
+        stage's state (one slot is SGLang's padding slot)."""
+        if not self.hybrid or not self.state_layer or not max_state_layers:
+            return None
+        if self.fixed_state:
+            return self.opts.max_mamba_cache_size
+        budget = (min_free - self.slack) * self.opts.mamba_full_memory_ratio / (1.0 + self.opts.mamba_full_memory_ratio)
+        per_slot = self.state_layer * max_state_layers
+        return max(0, int((budget - per_slot) // per_slot))
 
     def evaluate(self, partition: Sequence[int]) -> Evaluation:
         ranges, start = [], 0
@@ -165,11 +206,13 @@ class _StageModel:
             ranges.append((start, start + n))
             start += n
         kv = tuple(self.kv_layers(i, j) for i, j in ranges)
-        stage_tokens = capacity = None
+        state = tuple(self.state_layers(i, j) for i, j in ranges)
+        stage_tokens = capacity = slots = None
         if self.stage_mem is not None:
             free = [self.free(s, i, j) for s, (i, j) in enumerate(ranges)]
-            stage_tokens = tuple(self.capacity(f, a) if a else None for f, a in zip(free, kv))
-            capacity = self.capacity(min(free), max(kv))
+            stage_tokens = tuple(self.capacity(f, a, b) if a else None for f, a, b in zip(free, kv, state))
+            capacity = self.capacity(min(free), max(kv), max(state))
+            slots = self.mamba_slots(min(free), max(state))
         return Evaluation(
             partition=tuple(partition),
             tp=self.tp,
@@ -179,6 +222,8 @@ class _StageModel:
             stage_ms=tuple(self.time_ms(s, i, j) for s, (i, j) in enumerate(ranges)),
             capacity=capacity,
             kv_bytes_per_token_layer=self.kv_tok_layer,
+            state_layers=state,
+            mamba_slots=slots,
         )
 
 
@@ -244,15 +289,20 @@ def plan_partition(shape: ModelShape, tp: int, pp: int, opts: PlanOptions = Plan
                 return m.evaluate(split)
         raise PartitionError(f"no valid {pp}-stage partition for {shape.name}")
 
-    # 1. best capacity over every bound k on the KV layers of the fullest stage
+    # 1. best capacity over every bound k on the KV layers of the fullest stage (and, with a fixed Mamba pool,
+    #    every bound b on its linear-attention layers, whose state that pool prices at the fullest stage)
     total_free_ub = sum(m.stage_mem) - pp * CUDA_CONTEXT_GIB * GIB - m.w[-1] - m.embed - m.lm_head
+    total_state = m.b[-1]
+    b_values = list(range(math.ceil(total_state / pp), total_state + 1)) if m.fixed_state else [None]
     best_cap, best_split = -1, None
     for k in k_values:
-        if best_split is not None and m.capacity(total_free_ub / pp, max(k, 1)) <= best_cap:
+        b_low = b_values[0] or 0
+        if best_split is not None and m.capacity(total_free_ub / pp, max(k, 1), b_low) <= best_cap:
             break  # even a perfectly even spread of free memory cannot beat the best any more
-        split = _best_split(m, k, lambda s, i, j: (m.free(s, i, j), -m.time_ms(s, i, j)))
-        if split is not None and m.evaluate(split).capacity > best_cap:
-            best_cap, best_split = m.evaluate(split).capacity, split
+        for b in b_values:
+            split = _best_split(m, k, lambda s, i, j: (m.free(s, i, j), -m.time_ms(s, i, j)), _state_bound(m, b))
+            if split is not None and m.evaluate(split).capacity > best_cap:
+                best_cap, best_split = m.evaluate(split).capacity, split
     if best_split is None:
         raise PartitionError(f"no valid {pp}-stage partition for {shape.name}")
     if best_cap <= 0:
@@ -266,17 +316,26 @@ def plan_partition(shape: ModelShape, tp: int, pp: int, opts: PlanOptions = Plan
         floor_cap = max(floor_cap, m.evaluate(default).capacity)
     chosen = m.evaluate(best_split)
     for k in k_values:
-        need_free = floor_cap * m.kv_tok_layer * max(k, 1) + m.slack
-        if need_free > total_free_ub / pp:  # the fullest stage's free memory cannot exceed the mean
-            break
-        split = _best_split(m, k, time_score, lambda s, i, j, f=need_free: m.free(s, i, j) >= f)
-        if split is None:
-            continue
-        cand = m.evaluate(split)
-        faster = (cand.bottleneck_ms, -cand.capacity) < (chosen.bottleneck_ms, -chosen.capacity)
-        if cand.capacity >= floor_cap and faster:
-            chosen = cand
+        if m.free_needed(floor_cap, k, b_values[0] or 0) > total_free_ub / pp:
+            break  # the fullest stage's free memory cannot exceed the mean
+        for b in b_values:
+            need_free = m.free_needed(floor_cap, k, b or 0)
+            in_bound = _state_bound(m, b)
+            split = _best_split(m, k, time_score, lambda s, i, j, f=need_free: m.free(s, i, j) >= f and in_bound(s, i, j))
+            if split is None:
+                continue
+            cand = m.evaluate(split)
+            faster = (cand.bottleneck_ms, -cand.capacity) < (chosen.bottleneck_ms, -chosen.capacity)
+            if cand.capacity >= floor_cap and faster:
+                chosen = cand
     return chosen
+
+
+def _state_bound(m: _StageModel, bound: int | None) -> Callable[[int, int, int], bool]:
+    """Stage filter: at most `bound` linear-attention layers (None: any)."""
+    if bound is None:
+        return lambda s, i, j: True
+    return lambda s, i, j: m.state_layers(i, j) <= bound
 
 
 def evaluate_partition(

@@ -113,6 +113,11 @@ def render(shape: ModelShape, num_gpus: int, opts: PlanOptions, candidates: list
             f"  KV capacity (SGLang's min over ranks): {plan.capacity:,} tokens; SGLang's default split "
             f"{default_text}: {_tokens(best.default.capacity)} tokens{gain}"
         )
+    if plan.mamba_slots is not None:
+        lines.append(
+            f"  recurrent state (linear-attention layers per stage {format_partition(plan.state_layers)}): "
+            f"{plan.mamba_slots:,} requests' state fits (SGLang's default split: {best.default.mamba_slots:,})"
+        )
     lines.append(
         f"  modelled bottleneck stage: {plan.bottleneck_ms:.2f} ms vs {best.default.bottleneck_ms:.2f} ms default "
         f"(decode step, {opts.decode_batch} seqs x {opts.context_tokens} tokens, {opts.bandwidth_gbs:g} GB/s)"

@@ -111,6 +111,7 @@ def resolve_partition(value: str | tuple[int, ...], args: argparse.Namespace) ->
         gpu_mem_gib=mem,
         kv_cache_dtype=str(getattr(args, "kv_cache_dtype", "auto") or "auto"),
         mem_fraction_static=getattr(args, "mem_fraction_static", None),
+        max_mamba_cache_size=getattr(args, "max_mamba_cache_size", None),
     )
     plan = plan_partition(shape, tp, pp, opts)
     default = evaluate_default(shape, tp, pp, opts)

@@ -183,3 +183,56 @@ def test_shape_is_plain_data():
     config = {"num_hidden_layers": 2, "hidden_size": 64, "vocab_size": 100, "num_attention_heads": 4}
     shape = ModelShape.from_config(config)
     assert shape.num_kv_heads == 4 and shape.head_dim == 16 and shape.lm_head_bytes == 128 * 64 * 2
+
+
+def test_recurrent_state_bytes_follow_sglang_state_shape(shape_of):
+    # SGLang's GDN state per request and linear layer (configs/qwen3_next.py -> Mamba2StateShape.create at tp 1):
+    # temporal (nv, dv, dk) in float32, conv (2*nk*dk + nv*dv, conv - 1) in bf16 (SGLANG_MAMBA_CONV_DTYPE default).
+    from sglang.srt.configs.mamba_utils import Mamba2StateShape
+
+    shape = shape_of("qwen3_5_27b_like")
+    from pp_configs import load_config
+
+    cfg = load_config("qwen3_5_27b_like").get("text_config")
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    state = Mamba2StateShape.create(tp_world_size=1, intermediate_size=dv * nv, n_groups=nk, num_heads=nv,
+                                    head_dim=dv, state_size=dk, conv_kernel=cfg["linear_conv_kernel_dim"])
+    expected = math.prod(state.temporal) * 4 + sum(math.prod(c) for c in state.conv) * 2
+    assert shape.linear_state_bytes == expected, (shape.linear_state_bytes, expected)
+    assert shape.layer_has_state == tuple(not kv for kv in shape.layer_has_kv)
+    assert not any(shape_of("smollm2_135m").layer_has_state)
+
+
+def test_fixed_mamba_pool_is_priced_at_the_fullest_stage(shape_of):
+    # --max-mamba-cache-size K: every rank's budget loses (K + 1) x state x the most linear layers any stage has.
+    shape = shape_of("qwen3_5_27b_like")
+    opts = PlanOptions(gpu_mem_gib=(40.0,) * 2, reserve_gib=1.0, max_mamba_cache_size=64)
+    even, skewed = evaluate_partition(shape, 1, (32, 32), opts), evaluate_partition(shape, 1, (28, 36), opts)
+    assert even.state_layers == (24, 24) and skewed.state_layers == (21, 27), (even.state_layers, skewed.state_layers)
+    free = min(40.0 - CUDA_CONTEXT_GIB - w for w in skewed.weight_gib) * GIB
+    budget = free - 1.0 * GIB - 65 * shape.linear_state_bytes * 27
+    assert skewed.capacity == int(budget // (skewed.kv_bytes_per_token_layer * max(skewed.kv_layers)))
+    assert skewed.mamba_slots == even.mamba_slots == 64
+
+
+def test_ratio_mamba_pool_slots_fall_with_the_fullest_stage(shape_of):
+    # Default (mamba_full_memory_ratio r): KV gets 1 / (1 + r) of the budget whatever the split, the state pool
+    # r / (1 + r), divided by the fullest stage's linear layers.
+    shape = shape_of("qwen3_5_27b_like")
+    opts = PlanOptions(gpu_mem_gib=(40.0,) * 2, reserve_gib=1.0)
+    even, skewed = evaluate_partition(shape, 1, (32, 32), opts), evaluate_partition(shape, 1, (28, 36), opts)
+    free = min(40.0 - CUDA_CONTEXT_GIB - w for w in even.weight_gib) * GIB
+    per_slot = shape.linear_state_bytes * 24
+    assert even.mamba_slots == int(((free - GIB) * 0.9 / 1.9 - per_slot) // per_slot), even.mamba_slots
+    assert skewed.mamba_slots < even.mamba_slots
+
+
+@pytest.mark.parametrize("max_mamba", [None, 200])
+def test_hybrid_plan_is_optimal_against_brute_force(shape_of, max_mamba):
+    shape = shape_of("qwen3_5_27b_like", num_hidden_layers=24, layer_types=None)
+    opts = PlanOptions(gpu_mem_gib=(14.0, 16.0, 13.0), reserve_gib=0.5, max_mamba_cache_size=max_mamba)
+    plan = plan_partition(shape, 1, 3, opts)
+    best_cap, floor_cap, fastest = _brute_force(shape, 1, 3, opts)
+    assert floor_cap <= plan.capacity <= best_cap, f"plan {plan.partition}: {plan.capacity} tokens, best {best_cap}"
+    assert plan.bottleneck_ms <= fastest + 1e-9, f"plan {plan.partition}: {plan.bottleneck_ms} ms, fastest {fastest} ms"
