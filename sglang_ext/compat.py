@@ -211,9 +211,11 @@ GDN_KERNEL_TARGETS = {
 # `_forward_impl`, SGLang's portable orchestration (torch fallbacks for non-CUDA tensors). hybrid/qsa.py.
 HOOK_QSA_INDEXER_FORWARD_NATIVE = "sglang.srt.layers.attention.qsa.qsa_indexer.QSAIndexer.forward_native"
 QSA_INDEXER_FORWARD_IMPL = "_forward_impl"
-# The two non-CUDA steps of that path that loop over query rows in Python (block top-k, sparse attention),
-# replaced by the batched torch ops of sglang_ext/hybrid/ops/qsa_sparse.py on the CPU platform.
+# Steps of that path replaced by the torch ops of sglang_ext/hybrid/ops/qsa_sparse.py on the CPU platform: the
+# prefill's compressed-key gather (a Triton kernel on every device) and the two non-CUDA steps that loop over
+# query rows in Python (block top-k, sparse attention).
 QSA_KERNEL_TARGETS = {
+    "gather_qsa_compressed_keys": "sglang.srt.layers.attention.qsa.kernel.gather_qsa_compressed_keys",
     "qsa_fast_topk": "sglang.srt.layers.attention.qsa.kernel.qsa_fast_topk",
     "qsa_sparse_attention": "sglang.srt.layers.attention.qsa.kernel.qsa_sparse_attention",
 }
@@ -372,6 +374,8 @@ HOOKED_SIGNATURES = {
     "sglang.kernels.ops.sampling.renorm_triton.top_k_renorm_probs_triton": "(probs, top_k)",
     "sglang.kernels.ops.sampling.renorm_triton.top_p_renorm_probs_triton": "(probs, top_p)",
     # qwen4_exp's QSA steps replaced on the CPU platform (QSA_KERNEL_TARGETS)
+    "sglang.srt.layers.attention.qsa.kernel.gather_qsa_compressed_keys": (
+        "(compressed, token_slot_table, cu_blocks, total_blocks, max_blocks, compress_ratio)"),
     "sglang.srt.layers.attention.qsa.kernel.qsa_fast_topk": "(logits, row_starts, row_ends, topk)",
     "sglang.srt.layers.attention.qsa.kernel.qsa_sparse_attention": (
         "(q, k_cache, v_cache, token_slots, softmax_scale=None)"),

@@ -18,7 +18,7 @@ from sglang_ext.hybrid.ops import (
     state_scatter,
 )
 from sglang_ext.hybrid.ops.errors import UnsupportedGdnOption
-from sglang_ext.hybrid.ops.qsa_sparse import ragged_topk, sparse_gqa_attention
+from sglang_ext.hybrid.ops.qsa_sparse import gather_compressed_keys, ragged_topk, sparse_gqa_attention
 from sglang_ext.hybrid.qsa import qsa_indexer_forward_native
 from sglang_ext.platform import cpu_platform_active
 
@@ -53,7 +53,8 @@ TORCH_OPS = {
 }
 
 # qwen4_exp's QSA path (compat.QSA_KERNEL_TARGETS)
-QSA_TORCH_OPS = {"qsa_fast_topk": ragged_topk, "qsa_sparse_attention": sparse_gqa_attention}
+QSA_TORCH_OPS = {"gather_qsa_compressed_keys": gather_compressed_keys, "qsa_fast_topk": ragged_topk,
+                 "qsa_sparse_attention": sparse_gqa_attention}
 
 
 def register() -> list[str]:

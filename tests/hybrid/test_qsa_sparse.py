@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sglang_ext.hybrid.ops.qsa_sparse import ragged_topk, sparse_gqa_attention
+from sglang_ext.hybrid.ops.qsa_sparse import gather_compressed_keys, ragged_topk, sparse_gqa_attention
 
 
 def _reference_topk_sets(logits, starts, ends, topk):
@@ -111,3 +111,26 @@ def test_sparse_gqa_attention_equals_sglang_cpu_path():
     expected = qsa_sparse_attention(q, k_cache, v_cache, slots, 1 / math.sqrt(256))
     err = (sparse_gqa_attention(q, k_cache, v_cache, slots, 1 / math.sqrt(256)) - expected).abs().max().item()
     assert err < 2e-6, f"differs from SGLang's CPU path by {err:.2e}"
+
+
+def test_gather_compressed_keys_copies_each_sequences_blocks():
+    """Lossless: bit-exact bf16 rows, sequence after sequence, a block's row = its first token's slot // ratio."""
+    gen = torch.Generator().manual_seed(5)
+    ratio, page = 4, 64
+    compressed = torch.randn(96, 1, 64, generator=gen).to(torch.bfloat16)  # 6 pages of 64 tokens / 4
+    lengths = [3, 64, 71, 151]  # 0, 16, 17 and 37 complete blocks
+    pages = torch.randperm(6, generator=gen)
+    table = torch.zeros(len(lengths), 192, dtype=torch.int32)
+    for s, length in enumerate(lengths):  # page-aligned slots, as SGLang's allocator gives qwen4_exp
+        for p in range(-(-length // page)):
+            table[s, p * page:(p + 1) * page] = pages[(s + p) % 6] * page + torch.arange(page)
+    blocks = [n // ratio for n in lengths]
+    cu = torch.tensor([0] + torch.tensor(blocks).cumsum(0).tolist(), dtype=torch.int32)
+    got = gather_compressed_keys(compressed, table, cu, sum(blocks), max(blocks), ratio)
+    expected = torch.cat([compressed[table[s, :n * ratio:ratio].long() // ratio] for s, n in enumerate(blocks)])
+    assert got.shape == (sum(blocks), 1, 64) and got.dtype == torch.bfloat16
+    assert not torch.equal(compressed[: sum(blocks)], expected), "the gather must reorder rows to be tested"
+    assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
+    with pytest.raises(ValueError, match="max_blocks"):
+        gather_compressed_keys(compressed, table, cu, sum(blocks), max(blocks) - 1, ratio)
+    assert gather_compressed_keys(compressed, table, torch.zeros(3, dtype=torch.int32), 0, 0, ratio).shape[0] == 0

@@ -7,6 +7,11 @@ same values, with the rows batched (the attention in row chunks of bounded memor
     ragged_topk(logits, row_starts, row_ends, topk)            stands in for qsa.kernel.qsa_fast_topk
     sparse_gqa_attention(q, k_cache, v_cache, token_slots, softmax_scale)
                                                               stands in for qsa.kernel.qsa_sparse_attention
+
+One step has no CPU path in SGLang at all (a Triton kernel on every device):
+
+    gather_compressed_keys(compressed, token_slot_table, cu_blocks, total_blocks, max_blocks, compress_ratio)
+                                                              stands in for qsa.kernel.gather_qsa_compressed_keys
 """
 
 from __future__ import annotations
@@ -79,3 +84,30 @@ def sparse_gqa_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         rows_out = torch.einsum("rhgk,rkhd->rhgd", probs, values)
         out[start:start + step] = rows_out.reshape(-1, q_heads, head_dim).to(q.dtype)
     return out
+
+
+def gather_compressed_keys(compressed: torch.Tensor, token_slot_table: torch.Tensor, cu_blocks: torch.Tensor,
+                           total_blocks: int, max_blocks: int, compress_ratio: int) -> torch.Tensor:
+    """Every sequence's complete compressed index keys, packed in sequence order (a byte copy, any dtype).
+
+    compressed: [compressed slots, kv_heads, dim], the pool's compressed-key buffer; a block's compressed slot is
+    its first token's KV slot // compress_ratio. token_slot_table: [sequences, >= blocks * ratio] KV slots per
+    sequence position. cu_blocks: [sequences + 1] prefix sums of complete blocks per sequence. Returns
+    [total_blocks, kv_heads, dim]: row cu_blocks[s] + b is sequence s's block b. `max_blocks` (the largest
+    count) only sized the Triton launch; it is checked here.
+    """
+    heads, dim = compressed.shape[1:]
+    output = compressed.new_empty((total_blocks, heads, dim))
+    if total_blocks == 0:
+        return output
+    cu = cu_blocks.to(device=compressed.device, dtype=torch.long)
+    counts = cu[1:] - cu[:-1]
+    if int(counts.max()) > max_blocks:
+        raise ValueError(f"a sequence has {int(counts.max())} complete blocks, more than max_blocks {max_blocks}")
+    sequence = torch.repeat_interleave(torch.arange(counts.numel(), device=cu.device), counts)
+    rows = torch.arange(sequence.numel(), device=cu.device)
+    block = rows - cu[:-1][sequence]
+    keep = rows < total_blocks  # the kernel never writes past the host size
+    first_slot = token_slot_table[sequence[keep], block[keep] * compress_ratio].long()
+    output[rows[keep]] = compressed[first_slot // compress_ratio]
+    return output
