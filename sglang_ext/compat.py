@@ -127,6 +127,9 @@ QWEN4_DEFAULT_SPLIT_PARTS = 512  # load_weights: getattr(text_config, "split_ngr
 QWEN4_NGRAM_EMBEDDING = "Qwen4ExpNGramEmbedding"
 QWEN4_PLE_LAYER = "Qwen4ExpPLELayer"
 QWEN4_CONSUME_PREFETCHED = "_consume_prefetched_embeddings"
+# qwen4_exp builds its hyper-connections from `HyperConnectionConfig(..., params_dtype=torch.bfloat16)` (module
+# global, imported from sglang.srt.layers.hyperconnection; keyword arguments only).
+QWEN4_HC_CONFIG = "HyperConnectionConfig"
 # Gemma 3n: Gemma3nTextModel.embed_tokens_per_layer (nn.Embedding subclass with .embed_scale), loaded by name.
 GEMMA3N_MODULE = "sglang.srt.models.gemma3n_causal"
 GEMMA3N_TEXT_MODEL = "Gemma3nTextModel"

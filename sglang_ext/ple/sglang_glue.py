@@ -26,6 +26,7 @@ from torch import nn
 from sglang_ext import compat, env, hook_chain
 from sglang_ext.import_patch import after_import
 from sglang_ext.ple.layout import PleTableError, TableLayout, TensorEntry, index_safetensors_dir
+from sglang_ext.ple import qwen4_served_dtype
 from sglang_ext.ple.qwen4_table import qwen4_table_layout
 from sglang_ext.ple.store import PleStoreConfig, PleTableStore
 
@@ -163,6 +164,7 @@ def _patch_gemma3n(module) -> None:
 
 
 def _patch_qwen4(module) -> None:
+    qwen4_served_dtype.patch(module, ssd_backend=BACKEND)
     host_cls = getattr(module, compat.QWEN4_HOST_EMBEDDING)
     ssd_cls = type("SsdNgramEmbedding", (host_cls,), {"__init__": _ssd_ngram_init, "gather": _ssd_ngram_gather,
                                                       "__module__": __name__})
