@@ -9,8 +9,8 @@ shared expert for the MoE model. Widths and counts are small so a CPU runs them 
 Weights follow tiny.py's rules (seeded by the model's name, independent of transformers' init), with the
 parameters those rules do not cover: Gemma-style norms (scale 1 + w) start at w = 0, the GDN output norm
 (scale w) at 1, A_log = log U(1, 16), dt_bias ~ N(0, 0.25), the depthwise conv N(0, 1 / width), each expert
-N(0, 1 / fan_in), qwen4_exp's n-gram table N(0, 1) rounded to bf16 (SGLang holds that table in bf16, so it
-then holds the checkpoint's values exactly). Experts are written one tensor per expert and projection (the
+N(0, 1 / fan_in), qwen4_exp's n-gram table N(0, 1) stored in bf16 (as released checkpoints store it; SGLang holds and
+serves that table in bf16, transformers casts it to the load dtype: both hold the same values). Experts are written one tensor per expert and projection (the
 layout of the released checkpoints, which both transformers and SGLang load).
 """
 
@@ -162,14 +162,17 @@ def _split_experts(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def _split_ngram_table(name: str, tensor: torch.Tensor, parts: int) -> dict[str, torch.Tensor]:
-    """qwen4_exp's n-gram table -> `...ngram_embedding.shard_{i}.weight`, ceil(rows / parts) rows each."""
+    """qwen4_exp's n-gram table -> `...ngram_embedding.shard_{i}.weight`, ceil(rows / parts) rows each, in bf16
+    as the released checkpoints store it (SGLang's offloaded and SSD tables serve the checkpoint's bytes)."""
     base = name[: -len(".weight")]
     rows = -(-tensor.shape[0] // parts)
-    return {f"{base}.shard_{i}.weight": chunk.contiguous() for i, chunk in enumerate(tensor.split(rows))}
+    return {f"{base}.shard_{i}.weight": chunk.to(torch.bfloat16).contiguous()
+            for i, chunk in enumerate(tensor.split(rows))}
 
 
 def hybrid_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
-    """Every checkpoint tensor of `config` (model and MTP layer), float32, drawn as the module docstring says."""
+    """Every checkpoint tensor of `config` (model and MTP layer), float32 (the n-gram table bf16), drawn as the
+    module docstring says."""
     shapes = hf_shapes(config)
     shapes.update(_mtp_shapes(shapes, config))
     text = _text(config)
