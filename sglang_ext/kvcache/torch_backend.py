@@ -79,6 +79,8 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
         # batch-invariant mode: self.padded split into one batch per query, computed once per forward step
         self._one_query: list[tuple[int, PaddedBatch]] = []
         self._one_query_of: PaddedBatch | None = None
+        self._extend_padded: PaddedBatch | None = None
+        self._extend_padded_of: BatchPlan | None = None
         self._checked_layers: set[int] = set()
 
     def init_forward_metadata(self, forward_batch):
@@ -154,6 +156,12 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
                 self.kv_format, q3, planes, self.padded, layer.scaling, logit_cap_of(layer), k_new=k3, v_new=v3
             )
             return o.to(q.dtype).reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+        if from_pool and batch_invariant.rows_alone():
+            # Batch-invariant mode, prefill and extend: each new token attends alone over exactly the slots it sees
+            # (its own stored first) through the decode routine, so its output, and the K/V the next layer stores,
+            # are bitwise what a decode step of that token computes, whatever its chunk, its batch or the cache.
+            o = self._one_query_at_a_time(q3, planes, layer, self._extend_in_pool(forward_batch))
+            return o.to(q.dtype).reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
         # Prefill chunks differ widely in length: per request, so padding never multiplies the work.
         plan = self.plan
         o = reference.extend_attention(
@@ -188,10 +196,20 @@ class CompressedTorchNativeAttnBackend(compat.TorchNativeAttnBackend):
             o = batched_attention(self.kv_format, q3, planes, self.padded, layer.scaling, logit_cap_of(layer))
         return o.to(q.dtype).reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
-    def _one_query_at_a_time(self, q3, planes, layer) -> torch.Tensor:
-        """Batch-invariant mode: each query of self.padded attends alone, as a batch-1 decode step would."""
-        if self._one_query_of is not self.padded:
-            self._one_query, self._one_query_of = one_query_batches(self.padded), self.padded
+    def _extend_in_pool(self, forward_batch) -> PaddedBatch:
+        """This step's prefill plan laid out with its new tokens read from the pool (built once per step)."""
+        if self._extend_padded_of is not self.plan:
+            padded = pad_batch(self.plan, new_tokens=True)
+            self._extend_padded = read_new_tokens_from_pool(padded, forward_batch.out_cache_loc)
+            self._extend_padded_of = self.plan
+        return self._extend_padded
+
+    def _one_query_at_a_time(self, q3, planes, layer, padded: PaddedBatch | None = None) -> torch.Tensor:
+        """Batch-invariant mode: each query of `padded` (default self.padded; every key in the pool) attends
+        alone, as a batch-1 decode step would."""
+        padded = self.padded if padded is None else padded
+        if self._one_query_of is not padded:
+            self._one_query, self._one_query_of = one_query_batches(padded), padded
         o = torch.zeros(q3.shape, dtype=torch.float32, device=q3.device)
         for row, one in self._one_query:
             o[row] = batched_attention(self.kv_format, q3[row:row + 1], planes, one, layer.scaling,
