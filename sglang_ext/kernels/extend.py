@@ -35,20 +35,21 @@ import triton
 import triton.language as tl
 
 from ..kvformats import KVFormat, rotation
-from . import tables
+from . import launch_table, tables
 from .checks import check_planes
 from .decode import _tanh, attention_planes, layout, level_decode, tile_tokens, use_bf16_dots
 from .dequant import dequantize_rotated
 from .rotate import rotate_rows
 from .tiles import accumulate, load_q_blocks, scores, store_blocks
 
-# by head_dim: (query token, q head) rows per program (the accumulators are rows x head_dim float32) and prefix
-# tokens per iteration; measured on an H200, 4096 new tokens over a 32k prefix (benchmarks/kernels_variants.py)
-ROWS_PER_PROGRAM = {64: 256, 128: 256, 256: 128}
-BLOCK_N = {64: 64, 128: 64, 256: 32}
+
+
+def default_launch(fmt_name: str, head_dim: int) -> dict:
+    """{"rows_per_program", "block_n"}: launch_table.EXTEND_LAUNCH's entry (every format and supported head_dim)."""
+    return launch_table.at(launch_table.EXTEND_LAUNCH, launch_table.ANY, fmt_name, head_dim)
 
 # Prefix scratch (module docstring). 256 MiB: the bf16 K+V of a 32k-token prefix at 8 KV heads x d128 (or
-# 4 x d256) is 128 MiB, so the issue-3 shape fits whole and a 64k prefix still runs as one chunk; it is one
+# 4 x d256) is 128 MiB, so the benchmark's 32k shape fits whole and a 64k prefix still runs as one chunk; it is one
 # transient, reused layer after layer by the caching allocator, below a prefill's own activations at SGLang's
 # default chunked-prefill size (e.g. an 8k-token MLP intermediate of a 70B model is ~470 MB), and 0.2 % of an
 # H200's memory. Larger prefixes are taken a few KV heads at a time.
@@ -193,8 +194,8 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     """q_extend/o_extend [T, Hq, D], k_extend/v_extend [T, Hkv, D]; qo_indptr [B+1] over T; kv_indptr [B+1]
     and kv_indices: each request's prefix slots (token-level ids; page_size as in decode.py).
     max_len_extend must be >= every request's new-token count. dot_bf16, lut: as in decode_attention.
-    block_m: new tokens per program (None: ROWS_PER_PROGRAM[d] / the group size rounded up to a power of 2);
-    block_n: prefix / new tokens per iteration (None: BLOCK_N[d]).
+    block_m: new tokens per program (None: default_launch's rows_per_program / the group size rounded up to a power
+    of 2); block_n: prefix / new tokens per iteration (None: default_launch's).
     custom_mask / mask_indptr (speculative verify, tree drafts): SGLang's layout, request b's row-major bool
     block [m_b, l_b + m_b] at mask_indptr[b]; it replaces the causal mask among the new tokens. Its prefix
     columns are not read: every query sees its whole prefix (as with SGLang's skip_prefix_custom_mask, the
@@ -249,9 +250,9 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     group = hq // h_kv
     block_g = triton.next_power_of_2(group)
     if block_m is None:
-        block_m = max(1, ROWS_PER_PROGRAM[d] // block_g)
+        block_m = max(1, default_launch(fmt.name, d)["rows_per_program"] // block_g)
     if block_n is None:
-        block_n = BLOCK_N[d]
+        block_n = default_launch(fmt.name, d)["block_n"]
     block_n = tile_tokens(kind, block_n, block_m * block_g, q_extend)
     launch_opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     use_mask = custom_mask is not None

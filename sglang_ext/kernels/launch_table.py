@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kvformats import SUPPORTED_HEAD_DIMS
+from ..kvformats import FORMAT_NAMES, SUPPORTED_HEAD_DIMS
 from .device import DeviceInfo
 
 SM90, NVIDIA, ANY = "sm90", "nvidia", "any"
@@ -121,6 +121,16 @@ SPLIT_OVERHEAD_ITERS = _rule("SPLIT_OVERHEAD_ITERS", 2, "kernels-r13-splits.json
 # 16 x 4, 118 us at 16 x 1, 65 us at 8 x 1).
 STORE_LAUNCH = _each(ANY, OCTAVE, SUPPORTED_HEAD_DIMS, (8, 1), "kernels-store-run6.json")
 
+# --- extend (extend.extend_attention) ------------------------------------------------------------------------------
+
+# (query token, q head) rows per program (the accumulators are rows x head_dim float32) and prefix tokens per
+# iteration, every format: measured at 4096 new tokens over a 32k prefix, batch 1.
+_V12 = ("kernels-variants-1.json", "kernels-variants-2.json")
+EXTEND_LAUNCH = {
+    **_each(ANY, FORMAT_NAMES, (64, 128), {"rows_per_program": 256, "block_n": 64}, *_V12),
+    **_each(ANY, FORMAT_NAMES, (256,), {"rows_per_program": 128, "block_n": 32}, *_V12),
+}
+
 # --- the Gluon stage 1 (decode_mma) ---------------------------------------------------------------------------------
 
 # Where the planner takes it by default: where it was measured faster than the Triton stage 1 (on sm_80 / sm_86 it
@@ -173,7 +183,7 @@ MMA_LONG_CONTEXT = _rule("MMA_LONG_CONTEXT", 16384, _R15)
 MMA_SHORT_PROGRAMS_PER_SM = _rule("MMA_SHORT_PROGRAMS_PER_SM", 4, _R15)
 
 TABLES = {"TRITON_BLOCK_N": TRITON_BLOCK_N, "TRITON_LAUNCH": TRITON_LAUNCH, "OCTAVE_MAXNREG": OCTAVE_MAXNREG,
-          "INT8_F16_MODE": INT8_F16_MODE, "STORE_LAUNCH": STORE_LAUNCH, "MMA_DEFAULT": MMA_DEFAULT, "MMA_BLOCK_N": MMA_BLOCK_N, "MMA_QK8": MMA_QK8,
+          "INT8_F16_MODE": INT8_F16_MODE, "STORE_LAUNCH": STORE_LAUNCH, "EXTEND_LAUNCH": EXTEND_LAUNCH, "MMA_DEFAULT": MMA_DEFAULT, "MMA_BLOCK_N": MMA_BLOCK_N, "MMA_QK8": MMA_QK8,
           "MMA_LAZY": MMA_LAZY, "MMA_LAZY_QK8": MMA_LAZY_QK8}
 
 

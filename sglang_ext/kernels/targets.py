@@ -99,8 +99,8 @@ def _variants():
                     kv_indices=pi32, custom_mask=pu8, mask_indptr=pi32, new_slots="*i64", sm_scale=f32,
                     stride_q_t=i32, stride_q_h=i32, stride_ke_t=i32, stride_ke_h=i32, stride_ve_t=i32, stride_ve_h=i32,
                     stride_o_t=i32, stride_o_h=i32, **strides,
-                    FMT=C(fmt), GROUP=C(8), BLOCK_G=C(8), BLOCK_M=C(extend.ROWS_PER_PROGRAM[d] // 8),
-                    BLOCK_N=C(extend.BLOCK_N[d]), K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), IS_CAUSAL=C(not mask),
+                    FMT=C(fmt), GROUP=C(8), BLOCK_G=C(8), BLOCK_M=C(extend.default_launch(name, d)["rows_per_program"] // 8),
+                    BLOCK_N=C(extend.default_launch(name, d)["block_n"]), K_N4=C(kn4), V_N4=C(vn4), NB=C(d // 64), IS_CAUSAL=C(not mask),
                     USE_CUSTOM_MASK=C(mask), NEW_FROM_POOL=C(mask), LOGIT_CAP=C(0.0), DOT_BF16=C(True),
                     LUT=C(ptx)), {"num_warps": 8}))
             dq = {"codes": codes, "scales": scales, "num_tokens": i32, "head_base": i32, "stride_c_slot": i32,
