@@ -201,3 +201,17 @@ def test_moe_sum_reduce(tokens, topk, hidden, scale, dtype, tol):
 
 def test_pdl_is_never_asked_for():
     assert gpu_ops.is_arch_support_pdl() is False
+
+
+def test_sglang_platform_variable_names_entry_points_only(monkeypatch):
+    """SGLANG_PLATFORM matches SGLang's entry-point names, and sglang-ext registers one (portable_cpu): asking SGLang
+    for portable_gpu by that variable is refused by SGLang itself, with sglang-ext's plugin skipped; the GPU platform
+    is chosen with SGLANG_EXT_PLATFORM (test_sglang_process_on_the_platform)."""
+    from sglang.srt import platforms, plugins
+
+    monkeypatch.setenv(env.SGLANG_PLATFORM, GPU_PLATFORM_NAME)
+    assert "sglang-ext" in plugins._get_excluded_dists()
+    with pytest.raises(RuntimeError, match=r"SGLANG_PLATFORM='portable_gpu' not found .*available: 'portable_cpu'"):
+        platforms._resolve_platform()
+    monkeypatch.setenv(env.SGLANG_PLATFORM, PLATFORM_NAME)
+    assert "sglang-ext" not in plugins._get_excluded_dists()
