@@ -48,10 +48,14 @@ SPEC_GPU_OPS = "SGLANG_EXT_SPEC_GPU_OPS"
 # exported by the launcher (platform/batch_invariant.py) so that the scheduler processes install the
 # batch-invariant hooks; without it they install none and the default path is untouched.
 BATCH_INVARIANT = "SGLANG_EXT_BATCH_INVARIANT"
+# Row-invariant decode and verify steps over compressed KV (platform/batch_invariant.py): "auto" (default: on in
+# every server with --kv-cache-dtype int8|octave_k3v4|octave_k3v3, so speculative decoding gives the plain server's
+# greedy output) or "off".
+ROW_INVARIANT = "SGLANG_EXT_ROW_INVARIANT"
 
 # How an extend (prefill chunk) over a compressed KV pool attends to its own new tokens
-# (kvcache/new_token_reads.py): "full" (default: at full precision, as computed) or "pool" (stored first and read
-# back through the format, like every cached token: the same bytes for every reader).
+# (kvcache/new_token_reads.py): "pool" (default: stored first and read back through the format, like every cached
+# token: the same bytes for every reader) or "full" (at full precision, as computed).
 KV_EXTEND_NEW_TOKENS = "SGLANG_EXT_KV_EXTEND_NEW_TOKENS"
 # A folder holding the tokenizer files tiny test models copy (models/tiny.py); default: the built-in model's folder
 # (prepared from its GGUF). The offline bundle points it at the tokenizer it carries.

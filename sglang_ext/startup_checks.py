@@ -32,8 +32,20 @@ def check_model_path(model_path: str | None) -> None:
         raise StartupError(f"--model-path {model_path}: folder has no config.json (not a Hugging Face model folder)")
 
 
+def check_environment() -> None:
+    """sglang-ext's own environment variables with a fixed set of values: a typo stops the launcher here, not the
+    scheduler at its first prefill."""
+    from sglang_ext.kvcache.new_token_reads import extend_reads_pool
+
+    try:
+        extend_reads_pool()
+    except ValueError as e:
+        raise StartupError(str(e)) from None
+
+
 def _before_resolve(server_args, *args, **kwargs):
     check_model_path(server_args.model_path)
+    check_environment()
     return None
 
 

@@ -113,6 +113,15 @@ def test_missing_model_folder_is_one_clear_line(tmp_path):
     assert errors == [f"sglang-ext: error: --model-path {missing}: no such folder"], r.stderr[-2000:]
 
 
+def test_bad_extend_mode_is_one_clear_line_before_loading(model_dir):
+    r = _run([sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir],
+             {"SGLANG_EXT_KV_EXTEND_NEW_TOKENS": "fp32"})
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert errors == ["sglang-ext: error: SGLANG_EXT_KV_EXTEND_NEW_TOKENS='fp32': expected one of ('full', 'pool')"], \
+        r.stderr[-2000:]
+
+
 def test_a_hook_that_sglang_cannot_apply_stops_the_process_naming_it(probe):
     """SGLang's apply_hooks logs the failure and goes on; the plugin's check right after it exits with status 2."""
     r = probe

@@ -131,11 +131,11 @@ def test_server_moves_host_pages_through_the_kernel(server_pool):
         "--dtype", "float32", "--enable-cache-report", "--max-total-tokens", str(DEVICE_POOL_TOKENS),
         "--kv-cache-dtype", "octave_k3v4", "--enable-hierarchical-cache", "--hicache-io-backend", "kernel",
         "--hicache-mem-layout", "page_first", "--hicache-size", "1",
-        env={"TRITON_INTERPRET": "1", "SGLANG_EXT_KV_EXTEND_NEW_TOKENS": "pool"}, name="hicache-kernel-io")  # fmt: skip
-    # pool mode (docs/kv-formats.md, "Extend: new tokens ..."): a hit's recomputed last prompt token is read through
-    # the format like the rest, so a device hit and a host hit read the same bytes. In the default mode the device
-    # hit's decode reads the cold request's copy of that token and the host hit its own recomputed one, and their
-    # texts can part (here at the 6th token): that is the format, not the pages this test is about.
+        env={"TRITON_INTERPRET": "1"}, name="hicache-kernel-io")  # fmt: skip
+    # The default extend mode reads a hit's recomputed last prompt token through the format like the rest
+    # (docs/kv-formats.md, "Extend: new tokens ..."), so a device hit and a host hit read the same bytes. With
+    # SGLANG_EXT_KV_EXTEND_NEW_TOKENS=full the device hit's decode reads the cold request's copy of that token and
+    # the host hit its own recomputed one, and their texts can part (here at the 6th token).
     log = server.log_text()
     assert "layout page_first" in log, "SGLang changed the layout"
     cold = server.generate(PROMPT, max_new_tokens=NEW_TOKENS)

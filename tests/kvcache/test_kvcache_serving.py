@@ -25,10 +25,11 @@ FORMATS = ("int8", "octave_k3v4", "octave_k3v3")
 HEAD_DIM, KV_HEADS, LAYERS = 64, 3, 30  # SmolLM2-135M: full RoPE
 BF16_BYTES_PER_TOKEN_HEAD = 2 * HEAD_DIM * 2
 
-# Perplexity increase over bf16 KV allowed per format, as a fraction: the targets. Measured on these
-# 1151 scored tokens (2026-11-30): int8 -0.31 %, octave_k3v4 +2.40 %, octave_k3v3 +4.10 %
-# (docs/benchmarks/quality.md).
-PPL_MAX_INCREASE = {"int8": 0.001, "octave_k3v4": 0.027, "octave_k3v3": 0.05}
+# Perplexity increase over bf16 KV allowed per format, as a fraction, in the default extend mode (new tokens read
+# back through the pool, kvcache/new_token_reads.py). Measured on these 1151 scored tokens: int8 +0.04 %,
+# octave_k3v4 +10.0 %, octave_k3v3 +12.3 % (docs/kv-formats.md); with SGLANG_EXT_KV_EXTEND_NEW_TOKENS=full
+# -0.31 %, +2.40 %, +4.10 % (docs/benchmarks/quality.md). The bounds leave a tenth of a point to a percent.
+PPL_MAX_INCREASE = {"int8": 0.002, "octave_k3v4": 0.11, "octave_k3v3": 0.135}
 
 # float32 weights (bf16 prefill is slow on CPUs without bf16 units); prefill chunks of CHUNK tokens so most of
 # a long prompt is read back from the KV pool; a fixed pool size keeps allocation fast and memory small.

@@ -144,7 +144,7 @@ def test_prefix_scratch_reads_new_tokens_from_pool(name, device, monkeypatch):
 def test_extend_mode_from_the_environment(monkeypatch):
     from sglang_ext.kvcache import new_token_reads
 
-    for value, want in ((None, False), ("full", False), ("pool", True), (" Pool ", True)):
+    for value, want in ((None, True), ("", True), ("full", False), (" Full ", False), ("pool", True)):
         if value is None:
             monkeypatch.delenv("SGLANG_EXT_KV_EXTEND_NEW_TOKENS", raising=False)
         else:

@@ -1,5 +1,5 @@
-"""Same prompt, same output over a lossy KV format whatever the cache tier or scheduler, with
-`SGLANG_EXT_KV_EXTEND_NEW_TOKENS=pool` (every extend reads its new tokens back through the format).
+"""Same prompt, same output over a lossy KV format whatever the cache tier or scheduler, in the default extend
+mode (`SGLANG_EXT_KV_EXTEND_NEW_TOKENS=pool`: every extend reads its new tokens back through the format).
 
 Servers on the CPU platform (float32, greedy, SGLang's default prefill chunk), sharing one HiCache file-storage
 directory:
@@ -32,7 +32,6 @@ DEVICE_POOL_TOKENS = 600
 PROMPT = long_text(230) + "\nQuestion: what is sold in the market? Answer:"
 OTHER = "Story two. " + long_text(130)[::-1] + "\nSummary:"  # shares no prefix with PROMPT
 NEW_TOKENS = 16
-POOL_MODE = {"SGLANG_EXT_KV_EXTEND_NEW_TOKENS": "pool"}
 # float32 noise: a hit recomputes the last prompt token in a 1-row GEMM, the cold prefill in a 307-row one (MKL
 # rounds them last-bit differently); its K/V can land on the other side of a code boundary. Measured (2026-12-05,
 # 16 tokens): pool mode 1.5e-6 to 4.5e-3 (int8 host hit) over every case; the default full mode on the same
@@ -100,7 +99,7 @@ COLD: dict[str, dict] = {}  # each format's cold run on server A, for the restar
 
 @pytest.mark.parametrize("kv_format", FORMATS)
 def test_same_output_across_cache_tiers(server_pool, store, kv_format):
-    a = server_pool.get(*server_args(store, kv_format), env=POOL_MODE, name=f"same-{kv_format}")
+    a = server_pool.get(*server_args(store, kv_format), name=f"same-{kv_format}")
     cold = generate(a, PROMPT)
     assert cold["meta_info"]["cached_tokens"] == 0, cold["meta_info"]
     COLD[kv_format] = cold
@@ -128,7 +127,7 @@ def test_same_output_after_restart_without_overlap(server_pool, store):
     kv_format = RESTART_FORMAT
     assert kv_format in COLD, "runs after test_same_output_across_cache_tiers"
     cold = COLD[kv_format]
-    b = server_pool.get(*server_args(store, kv_format, "--disable-overlap-schedule"), env=POOL_MODE,
+    b = server_pool.get(*server_args(store, kv_format, "--disable-overlap-schedule"),
                         name=f"same-{kv_format}-b")
     diffs = {}
     stored = generate(b, PROMPT)
