@@ -11,8 +11,8 @@ kv_indices buffer is the whole preallocated one (max batch x context length), an
 it too. `seq_lens_sum=None` means the lengths are not known when the plan is made: a CUDA-graph capture, whose
 plan holds for every replay of its batch-size bucket. Then every length-dependent choice takes its
 long-context value, documented where it is made:
-- int8 takes decode_mma's Gluon stage 1 (MMA_INT8_MIN_TOKENS is an eager-only rule: the Gluon kernel won every
-  32k and 128k shape measured and lost 3 of 6 at 4k by up to 20 %);
+- int8 takes decode_mma's Gluon stage 1 (launch_table.MMA_INT8_MIN_TOKENS is an eager-only rule: the Gluon kernel
+  won every 32k and 128k shape measured and lost 3 of 6 at 4k by up to 20 %);
 - without per-request split counts from the caller, stage 1 runs max_kv_splits splits (no wave fitting).
 Per-request split counts (`kv_splits_given`: SGLang's num_kv_splits, which its metadata kernels compute on the
 device from the sequence lengths, at capture and at every replay) are read by the kernels, so they follow the
