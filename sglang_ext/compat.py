@@ -443,6 +443,11 @@ HOOKED_SIGNATURES.update({
 })
 
 def set_hicache_host_memory_reserve(nbytes: int) -> None:
+# check_paged_experts_compat raises one RuntimeError: this prefix, then its problems joined by "; ". Those listed
+# here are lifted (sglang_ext/moe/sglang_glue.py), word for word as SGLang 0.5.23 writes them.
+HOOK_PAGED_CHECK_COMPAT = f"{PAGED_EXPERTS_MODULE}.method.check_paged_experts_compat"
+PAGED_REFUSAL_PREFIX = "Paged experts: "
+PAGED_LIFTED_REFUSALS: tuple[str, ...] = ()  # "--tp-size must be 1 (single GPU only)" once proven
     """SGLang keeps 10 GiB of host RAM out of reach of the HiCache host pool (a module constant read at each
     sizing call, `pool_host/base.py`). Sized for GPU servers; the CPU platform lowers it."""
     module = importlib.import_module("sglang.srt.mem_cache.pool_host.base")
@@ -453,6 +458,7 @@ def set_hicache_host_memory_reserve(nbytes: int) -> None:
 
 def hicache_file_storage_dir(storage_config, default: str) -> str:
     """The directory HiCacheFile stores pages in (its own precedence: env, extra_config, default)."""
+    HOOK_PAGED_CHECK_COMPAT: "(layer, expert_format)",
     from sglang.srt.environ import envs
 
     return (

@@ -39,13 +39,14 @@ def load() -> None:
 
 def _register_features() -> None:
     from sglang_ext import hicache, hybrid, kvcache, sessions, spec, startup_checks
+    from sglang_ext.moe import sglang_glue as moe_glue
     from sglang_ext.platform import hooks as platform_hooks
     from sglang_ext.ple import sglang_glue as ple_glue
     from sglang_ext.pp import server_args as pp_server_args
     from sglang_ext.pp import tied_lm_head
 
     features = (startup_checks, platform_hooks, kvcache, hicache, pp_server_args, tied_lm_head, ple_glue, sessions,
-                spec, hybrid)
+                spec, hybrid, moe_glue)
     for feature in features:
         _registered.extend(feature.register())
 

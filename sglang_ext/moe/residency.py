@@ -11,16 +11,19 @@ policy shares that wave split and differs only in which resident it evicts for a
   `paged_experts.residency.LRUPolicy` + `plan_waves` (tests/moe/test_residency.py checks it on random traces).
 - `FreqDecayResidency`: the resident with the lowest decayed use count (count *= decay every step the layer
   runs, +1 per step an expert is routed), ties to the least recently used.
-- `NextLayerPrefetch` (wraps one of the above per layer): after layer l routes, the experts that layer l+1 most
-  often used after the same layer-l experts in past steps are loaded into layer l+1 before it runs, while layer
-  l computes; their loads are counted apart from the demand misses a step waits for.
+- `NextLayerPrefetch` (wraps one of the above per layer): after layer l routes, the layer-(l+1) experts whose
+  conditional frequency given one of layer l's experts (learned online from past steps) clears a threshold are
+  loaded into layer l+1 before it runs, while layer l computes; their loads are counted apart from the demand
+  misses a step waits for.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
 
 
 @dataclass
@@ -38,7 +41,7 @@ class Counters:
     def hit_rate(self) -> float:
         return self.hits / self.accesses if self.accesses else 0.0
 
-    def add(self, other: "Counters") -> None:
+    def add(self, other: Counters) -> None:
         self.accesses += other.accesses
         self.misses += other.misses
         self.prefetches += other.prefetches
@@ -139,10 +142,24 @@ class NextLayerPrefetch:
         self.threshold = threshold
         self.min_seen = min_seen
         num_experts = layers[0].num_experts
-        self.co = [[[0] * num_experts for _ in range(num_experts)] for _ in range(len(layers) - 1)]
-        self.seen = [[0] * num_experts for _ in range(len(layers) - 1)]
+        # co: [layers - 1, E, E], seen: [layers - 1, E]
+        self.co = torch.zeros(len(layers) - 1, num_experts, num_experts, dtype=torch.float64)
+        self.seen = torch.zeros(len(layers) - 1, num_experts, dtype=torch.float64)
         self._prefetched: list[set[int]] = [set() for _ in layers]
         self.name = f"{layers[0].name}+prefetch{width}"
+
+    def _predict(self, layer: int, distinct: Sequence[int]) -> list[int]:
+        if not distinct:
+            return []
+        idx = torch.tensor(distinct)
+        seen = self.seen[layer, idx]
+        known = seen >= self.min_seen
+        if not bool(known.any()):
+            return []
+        cond = self.co[layer, idx[known]] / seen[known].unsqueeze(1)  # P(b | a) for each known a
+        score = cond.max(dim=0).values
+        hot = (score >= self.threshold).nonzero().squeeze(1)
+        return hot[torch.argsort(score[hot], descending=True, stable=True)].tolist()
 
     def step(self, routed: Sequence[Sequence[int]]) -> None:
         """One forward step: `routed[l]` is layer l's distinct experts."""
@@ -152,23 +169,17 @@ class NextLayerPrefetch:
             policy.step(distinct)
             self._prefetched[l] = set()
             if l + 1 < len(self.layers):
-                scores = [0.0] * policy.num_experts
-                for a in distinct:
-                    if self.seen[l][a] >= self.min_seen:
-                        row, n = self.co[l][a], self.seen[l][a]
-                        for b in range(policy.num_experts):
-                            scores[b] = max(scores[b], row[b] / n)
-                ranked = sorted((b for b in range(policy.num_experts) if scores[b] >= self.threshold),
-                                key=lambda b: -scores[b])
-                chosen = [b for b in ranked if b not in self.layers[l + 1].resident][: self.width]
-                self.layers[l + 1].prefetch(chosen)
+                nxt = self.layers[l + 1]
+                chosen = [b for b in self._predict(l, distinct) if b not in nxt.resident][: self.width]
+                nxt.prefetch(chosen)
                 self._prefetched[l + 1] = set(chosen)
         for l in range(len(routed) - 1):
-            for a in routed[l]:
-                self.seen[l][a] += 1
-                row = self.co[l][a]
-                for b in routed[l + 1]:
-                    row[b] += 1
+            if routed[l]:
+                a = torch.tensor(routed[l])
+                self.seen[l, a] += 1
+                if routed[l + 1]:
+                    b = torch.tensor(routed[l + 1])
+                    self.co[l, a.unsqueeze(1), b.unsqueeze(0)] += 1
 
     @property
     def counters(self) -> Counters:
@@ -187,23 +198,14 @@ def make_policy(name: str, num_slots: int, num_experts: int, **kwargs) -> LruRes
     return POLICIES[name](num_slots, num_experts, **kwargs)
 
 
-@dataclass
-class TraceReplay:
-    """A routing trace replayed through one policy per layer: `steps[t][l]` = layer l's distinct experts."""
-
-    policy: str
-    num_slots: int
-    num_experts: int
-    counters: Counters = field(default_factory=Counters)
-
-
 def replay(steps: Sequence[Sequence[Sequence[int]]], policy: str, num_slots: int, num_experts: int,
-           prefetch_width: int = 0, **kwargs) -> Counters:
-    """Replay a trace (steps x layers x distinct experts) through per-layer policies; return the summed counters."""
+           prefetch_width: int = 0, prefetch: dict | None = None, **kwargs) -> Counters:
+    """Replay a trace (steps x layers x distinct experts) through per-layer policies (`kwargs` to the policy,
+    `prefetch` to NextLayerPrefetch when `prefetch_width` > 0); return the summed counters."""
     num_layers = len(steps[0]) if steps else 0
     layers = [make_policy(policy, num_slots, num_experts, **kwargs) for _ in range(num_layers)]
     if prefetch_width:
-        driver = NextLayerPrefetch(layers, prefetch_width)
+        driver = NextLayerPrefetch(layers, prefetch_width, **(prefetch or {}))
         for routed in steps:
             driver.step(routed)
         return driver.counters

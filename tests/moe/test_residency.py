@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from sglang_ext.moe.residency import FreqDecayResidency, LruResidency, NextLayerPrefetch, replay
+from sglang_ext.moe.residency import FreqDecayResidency, LruResidency, NextLayerPrefetch
 from sglang_ext.moe.traces import synthetic_trace
 
 

@@ -1,0 +1,50 @@
+"""The paged-experts glue without a server: SGLang's refusals are kept and name what is supported, and the text
+the glue matches is still what SGLang 0.5.23 writes."""
+
+import inspect
+
+import pytest
+
+from sglang_ext import compat
+from sglang_ext.moe import sglang_glue
+
+SGLANG_REFUSALS = ["--tp-size must be 1 (single GPU only)", "--pp-size must be 1 (single GPU only)",
+                   "--ep-size must be 1 (single GPU only)", "speculative decoding is not supported"]
+
+
+def _raising(*problems):
+    def original(layer, expert_format):
+        if problems:
+            raise RuntimeError(compat.PAGED_REFUSAL_PREFIX + "; ".join(problems))
+    return original
+
+
+def test_accepted_configuration_passes():
+    sglang_glue._check_compat(_raising(), layer=None, expert_format=None)
+
+
+@pytest.mark.parametrize("kept", [r for r in SGLANG_REFUSALS if r not in compat.PAGED_LIFTED_REFUSALS])
+def test_refusals_stay_and_name_what_is_supported(kept):
+    with pytest.raises(RuntimeError) as info:
+        sglang_glue._check_compat(_raising(kept), layer=None, expert_format=None)
+    text = str(info.value)
+    assert text.startswith(compat.PAGED_REFUSAL_PREFIX + kept), text
+    assert "supported: one GPU" in text, text
+
+
+def test_other_errors_pass_through():
+    def original(layer, expert_format):
+        raise RuntimeError("something else")
+
+    with pytest.raises(RuntimeError, match="^something else$"):
+        sglang_glue._check_compat(original, layer=None, expert_format=None)
+
+
+def test_matched_text_is_sglangs():
+    from sglang.srt.layers.moe.paged_experts import method
+
+    source = inspect.getsource(method.check_paged_experts_compat)
+    assert '"--{name.replace(\'_\', \'-\')} must be 1 (single GPU only)"' in source
+    assert 'raise RuntimeError("Paged experts: " + "; ".join(problems))' in source
+    assert '("tp_size", "ep_size", "pp_size", "dp_size")' in source
+    assert '"speculative decoding is not supported"' in source
