@@ -181,6 +181,18 @@ TREE_CORE_BACKEND_PYTHON = "python"
 # `evict_for_alloc`, and the step that evicts one device leaf (demote if backed up, else drop).
 URC_EVICT_WALK = "_evict"  # (self, params, available_size_targets=None, *, allocation_reclaim_satisfied=None)
 URC_EVICT_DEVICE_LEAF = "_evict_device_leaf"  # (self, node_id, tracker) -> Optional[BackupKV]
+# Hybrid (Mamba / GDN) trees: the retention cache reorders the per-component LRU lists of the MAMBA component
+# (`tree_core.lru_lists[ct]` / `host_lru_lists[ct]`: UnifiedLRUList; we read `cache` {node id: node} and call
+# `reset_node_mru(node)`) before each eviction walk, whose Mamba step walks that list from its LRU end.
+URC_EVICT_HOST = "evict_host"  # (self, num_tokens, component_type=ComponentType.FULL) -> int
+_LAZY["ComponentType"] = "sglang.srt.mem_cache.unified_cache.component_type:ComponentType"
+# HiCache for hybrids on the portable CPU platform (hicache/mamba_host_pool.py): SGLang's Mamba host pool, the
+# builder the hybrid host-pool assembly calls for it (REPLACE: ours builds the CPU subclass with the same
+# arguments), and what that builder reads.
+_LAZY["MambaPoolHost"] = "sglang.srt.mem_cache.pool_host.mamba:MambaPoolHost"
+_LAZY["get_memory"] = "sglang.srt.runtime_context:get_memory"
+_LAZY["get_host_allocator_type"] = "sglang.srt.mem_cache.pool_host.common:get_allocator_type"
+HOOK_BUILD_MAMBA_HOST_POOL = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.build_mamba_host_pool"
 # --- hybrid GDN models on the portable CPU platform (sglang_ext/hybrid/) -----------------------------------
 # The Triton kernels SGLang's Gated DeltaNet path (Qwen3.5 / Qwen3-Next / qwen4_exp) calls off CUDA without
 # SGLANG_USE_CPU_ENGINE, replaced (REPLACE) by the torch ops of sglang_ext.hybrid.ops of the same name; the
@@ -305,6 +317,7 @@ HOOKED_SIGNATURES = {
     # HiCache (platform/host_pool.py, hicache/hooks.py)
     HOOK_GET_MHA_HOST_POOL_CLS: "(buffer_info)",
     HOOK_CREATE_STORAGE_BACKEND: "(backend_name, storage_config, mem_pool_host, **kwargs)",
+    HOOK_BUILD_MAMBA_HOST_POOL: "(mamba_pool, pool_info, *, host_size, layout, mtp_draft_device_pools=())",
     # portable CPU platform: torch_native extend, seeded sampling, batch-invariant mode
     HOOK_TORCH_NATIVE_SDPA_EXTEND: (
         "(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, extend_prefix_lens, "

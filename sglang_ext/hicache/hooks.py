@@ -2,11 +2,15 @@
 
   host pool   `get_mha_host_pool_cls`: a compressed device pool (described by `CompressedMHABufferInfo`)
               gets `CompressedMHAHostPool`; anything else goes to SGLang (or the CPU platform's hook).
+              On the CPU platform, hybrid models' recurrent states get `PortableMambaHostPool`
+              (`build_mamba_host_pool`, mamba_host_pool.py).
   storage     `StorageBackendFactory.create_backend`: backends on SGLang's generic page path are wrapped in
               `VerifiedPageStorage` (format-keyed, checksummed pages), with the model name hashed and the
               file backend replaced by `PrivateHiCacheFile` (0600 files). For bf16/fp16 pools this is done
               where it is cheap: a plain MHA host pool on the generic path; zero-copy backends and models with
-              side pools (Mamba, SWA, ...) are left to SGLang. A compressed pool refuses zero-copy backends.
+              side pools (SWA, ...) are left to SGLang. A compressed pool refuses zero-copy backends. Hybrid
+              (Mamba / linear-attention) models are refused: SGLang's multi-pool storage path has neither
+              format keys nor checksums.
 """
 
 from __future__ import annotations
@@ -73,9 +77,24 @@ def load_page_hash() -> None:
     logger.info("sglang-ext HiCache: page-hash extension ready in %.1f s", time.monotonic() - start)
 
 
+HYBRID_STORAGE_REFUSAL = (
+    "--hicache-storage-backend is not supported for hybrid (Mamba / linear-attention) models: SGLang's hybrid "
+    "storage path (batch_get_v2 / batch_set_v2, one page set per pool) stores KV pages and recurrent states with "
+    "no KV format in the key and no checksum; supported for hybrids: the host tier (--enable-hierarchical-cache "
+    "without --hicache-storage-backend)"
+)
+
+
+def has_recurrent_state_pool(mem_pool_host) -> bool:
+    """Whether the host pools the cache controller holds include SGLang's Mamba (recurrent state) host pool."""
+    return any(isinstance(entry.host_pool, compat.MambaPoolHost) for entry in getattr(mem_pool_host, "entries", ()))
+
+
 def _create_backend(original, cls, backend_name, storage_config, mem_pool_host, **kwargs):
     from sglang_ext.hicache.verified_storage import VerifiedPageStorage
 
+    if has_recurrent_state_pool(mem_pool_host):
+        raise ValueError(HYBRID_STORAGE_REFUSAL)
     load_page_hash()
 
     pool, pools_sharing_keys = compat.anchor_host_pool(mem_pool_host)
@@ -101,6 +120,14 @@ def _create_backend(original, cls, backend_name, storage_config, mem_pool_host, 
 
 
 def register() -> list[str]:
+    from sglang_ext.platform import cpu_platform_active
+
     hook_chain.register(compat.HOOK_GET_MHA_HOST_POOL_CLS, _host_pool_cls, compat.HookType.AFTER)
     hook_chain.register(compat.HOOK_CREATE_STORAGE_BACKEND, _create_backend, compat.HookType.AROUND)
-    return ["hicache compressed host tier + verified storage pages"]
+    registered = ["hicache compressed host tier + verified storage pages"]
+    if cpu_platform_active():
+        from sglang_ext.hicache.mamba_host_pool import build_mamba_host_pool
+
+        hook_chain.register(compat.HOOK_BUILD_MAMBA_HOST_POOL, build_mamba_host_pool, compat.HookType.REPLACE)
+        registered.append("cpu hicache host pool for recurrent states (hybrid models)")
+    return registered

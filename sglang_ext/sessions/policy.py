@@ -170,3 +170,15 @@ class RetentionEvictionStrategy:
 
     def get_priority(self, node: Any) -> tuple:
         return (1 if self.policy.retained(node, self._root_of()) else 0, self.inner.get_priority(node))
+
+
+def move_retained_to_mru(lru: Any, is_retained: Callable[[Any], bool]) -> int:
+    """Reorder an LRU list whose eviction walk starts at its least recently used end (SGLang's per-component
+    `UnifiedLRUList`: `cache` {node id: node}, `reset_node_mru(node)`) so that its retained nodes come after
+    all others, in their own access order. Hybrid trees evict recurrent states through such a list (one state
+    per node, apart from the KV tokens), so retention reorders it before each walk. Returns how many moved."""
+    retained = sorted((node for node in list(lru.cache.values()) if is_retained(node)),
+                      key=lambda node: node.last_access_time)
+    for node in retained:  # oldest first: the newest retained node ends up most recently used
+        lru.reset_node_mru(node)
+    return len(retained)

@@ -8,7 +8,10 @@ UnifiedRadixCache (HiCache attached as usual) on the pure-Python TreeCore, as a 
   * dates node accesses in wall time (`AccessClock` marks before every match and insert) and flags reused
     prefixes after every match,
   * counts what each device eviction did (retained demoted / retained dropped / other) and logs the counters:
-    `[sglang-ext] session retention: retained_tokens=... retained_demoted_tokens=... ...`.
+    `[sglang-ext] session retention: retained_tokens=... retained_demoted_tokens=... ...`,
+  * on hybrid (Mamba / GDN) models, whose tree also holds one recurrent state per node (SGLang's MAMBA component,
+    evicted from its own LRU list apart from the KV tokens), moves retained nodes to the recently used end of
+    that list (device and host) before each eviction walk, so a session's states also leave last.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from sglang_ext.sessions.policy import (
     RetentionEvictionStrategy,
     SessionRetentionPolicy,
     mark_reused,
+    move_retained_to_mru,
     parse_retention_seconds,
 )
 
@@ -88,8 +92,24 @@ def session_retention_cache_class():
                 stats.retained_dropped_tokens += num_tokens
             return backup_kv
 
+        def _retain_side_states(self, host: bool) -> None:
+            """Hybrid trees: retained nodes' recurrent states go to the recently used end of the MAMBA
+            component's LRU list (device or host), which that component's eviction walk starts from the other
+            end of."""
+            if self.retention is None or compat.ComponentType.MAMBA not in self.tree_core.lru_lists:
+                return
+            lists = self.tree_core.host_lru_lists if host else self.tree_core.lru_lists
+            root = self.tree_core.root_node
+            move_retained_to_mru(lists[compat.ComponentType.MAMBA], lambda node: self.retention.retained(node, root))
+
+        def evict_host(self, num_tokens, *args, **kwargs):
+            self._mark_access()
+            self._retain_side_states(host=True)
+            return super().evict_host(num_tokens, *args, **kwargs)
+
         def _evict(self, params, *args, **kwargs):
             self._mark_access()
+            self._retain_side_states(host=False)
             result = super()._evict(params, *args, **kwargs)
             if self.retention is not None:
                 self.retention.stats.eviction_walks += 1
@@ -109,7 +129,7 @@ def session_retention_cache_class():
             logger.info("%s retained_tokens=%d %s", LOG_PREFIX, retained,
                         " ".join(f"{k}={v}" for k, v in counters.items()))
 
-    for name in (compat.URC_EVICT_WALK, compat.URC_EVICT_DEVICE_LEAF):
+    for name in (compat.URC_EVICT_WALK, compat.URC_EVICT_DEVICE_LEAF, compat.URC_EVICT_HOST):
         if not callable(getattr(compat.UnifiedRadixCache, name, None)):
             raise RuntimeError(f"sglang internals changed: UnifiedRadixCache.{name} is gone")
     _cache_class = SessionRetentionRadixCache
@@ -126,10 +146,10 @@ def session_retention_cache_factory(ctx):
         )
     if ctx.disable_radix_cache:
         raise RetentionConfigError("--session-retention-seconds needs the radix cache (drop --disable-radix-cache)")
-    if ctx.is_hybrid_swa or ctx.is_hybrid_ssm or ctx.is_dsa:
+    if ctx.is_hybrid_swa or ctx.is_dsa:
         raise NotImplementedError(
-            "--session-retention-seconds supports full-attention models only (this model has sliding-window, "
-            "Mamba or DSA layers)"
+            "--session-retention-seconds supports full-attention models and Mamba / linear-attention hybrids "
+            "(this model has sliding-window or DSA layers)"
         )
     ctx.params.tree_core_backend = compat.TREE_CORE_BACKEND_PYTHON
     cache = compat.create_unified_radix_cache(ctx, cache_class=session_retention_cache_class())

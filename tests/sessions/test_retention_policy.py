@@ -11,6 +11,7 @@ from sglang_ext.sessions.policy import (
     RetentionEvictionStrategy,
     SessionRetentionPolicy,
     mark_reused,
+    move_retained_to_mru,
     parse_retention_seconds,
 )
 
@@ -151,6 +152,40 @@ def test_expired_sessions_fall_back_to_the_inner_order():
     o = Node(tree.root)
     tree.touch(o)
     assert _eviction_order(policy, tree.root, [o, s], LRU()) == [s, o]
+
+
+class StateLRU:
+    """SGLang's per-component LRU list as the retention cache uses it: `cache` {id: node}, `reset_node_mru`;
+    its eviction walk starts at the least recently used end (`order[0]`)."""
+
+    def __init__(self, nodes):
+        self.order = sorted(nodes, key=lambda n: n.last_access_time)
+        self.cache = {id(n): n for n in reversed(self.order)}  # insertion order unlike the LRU order
+
+    def reset_node_mru(self, node):
+        self.order.remove(node)
+        self.order.append(node)
+
+
+def test_recurrent_state_lru_puts_retained_nodes_last_in_their_own_order():
+    """Hybrid trees evict recurrent states from their own LRU list: retained nodes move to its used end."""
+    policy, clock = _policy()
+    tree = Tree(policy)
+    s1, s2 = Node(tree.root), Node(tree.root)
+    tree.touch(s1, s2)
+    tree.match(s1)
+    tree.match(s2)
+    others = [Node(tree.root) for _ in range(3)]
+    for o in others:
+        tree.touch(o)
+    lru = StateLRU([s1, s2, *others])
+    assert lru.order[:2] == [s1, s2]  # plain LRU: the sessions' states would go first
+    moved = move_retained_to_mru(lru, lambda n: policy.retained(n, tree.root))
+    assert moved == 2
+    assert lru.order == [*others, s1, s2]
+    clock.t += 120  # the window passed: nothing is retained, nothing moves
+    tree.touch(Node(tree.root))
+    assert move_retained_to_mru(lru, lambda n: policy.retained(n, tree.root)) == 0
 
 
 def test_access_clock_dates_counters_and_forgets_old_marks():
