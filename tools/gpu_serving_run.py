@@ -290,7 +290,7 @@ def nextn_speed(run: Run, model: Path, fmt: str) -> dict:
 
 def gpu_main(args) -> int:
     sys.path.insert(0, str(REPO))
-    from sglang_ext.bundle.target import create_tiny, environment, unpack
+    from sglang_ext.bundle.target import check_torch, create_tiny, environment, unpack
 
     bundle = unpack(args.bundle, args.work)
     env = environment(bundle)
@@ -298,6 +298,7 @@ def gpu_main(args) -> int:
     reference = json.loads(args.reference_file.read_text()) if args.reference_file.is_file() else {}
     run.record("environment", python=sys.version.split()[0], bundle=str(bundle),
                reference=bool(reference), dtype=args.dtype)
+    check_torch(env)
     models = {name: create_tiny(bundle, name, env) for name in MODELS}
     speed_model = bundle / "home" / "models" / "llama8b-shape"
     speed_model.mkdir(parents=True, exist_ok=True)
