@@ -7,7 +7,8 @@ defaults (decode.decode_attention's docstring). Architecture keys, most specific
 - NVIDIA: compiled on any NVIDIA GPU (where the Gluon stage 1 or the PTX conversions run at all);
 - ANY: every device, the Triton interpreter included.
 Timings quoted with an entry are batch 8 x 32k on an H200 unless stated; the current decode table is
-docs/benchmarks/kernels.md, "Decode at the byte limit". The planners (decode_plan, decode) read this module only.
+docs/benchmarks/kernels.md, "Decode at the byte limit". The launchers and planners (decode, decode_plan,
+decode_mma, store, extend) take their tuned values from here only.
 """
 
 from __future__ import annotations
@@ -44,14 +45,14 @@ def lookup(table: dict, info: DeviceInfo, fmt_name: str, head_dim: int, default=
     return default
 
 
-# the rules that hold for every (architecture, format, head_dim) their table entry applies to: name -> result files
-SCALAR_SOURCES: dict[str, tuple[str, ...]] = {}
-
-
 def at(table: dict, arch: str, fmt_name: str, head_dim: int, default=None):
     """The value of `table`'s entry for exactly this architecture key, or default."""
     entry = table.get((arch, fmt_name, head_dim))
     return default if entry is None else entry.value
+
+
+# the rules that hold wherever their table's entries apply (not per format): name -> result files
+SCALAR_SOURCES: dict[str, tuple[str, ...]] = {}
 
 
 def _rule(name: str, value: int, *sources: str) -> int:
