@@ -52,6 +52,7 @@ SLOW_FILES = {
     "tests/kvcache/test_triton_server.py": 600,
     "tests/pp/test_pp_e2e.py": 561,
     "tests/kvcache/test_kvcache_serving.py": 559,
+    "tests/hybrid/test_hybrid_kv_formats.py": 500,
     "tests/hicache/test_hicache_serving.py": 414,
     "tests/kvcache/test_same_output_serving.py": 400,
     "tests/kernels/test_store_dequant.py": 299,

@@ -44,4 +44,5 @@ def resolve_kv_format(kv_cache_dtype: str, *, head_dim: int, v_head_dim: int, ro
     try:
         return get_format(kv_cache_dtype, head_dim, rotary_dim)
     except ValueError as exc:
-        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} cannot serve model {model}: {exc}") from exc
+        # from None: the message already carries the format's reason; one ValueError line in the traceback
+        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} cannot serve model {model}: {exc}") from None
