@@ -7,19 +7,18 @@ verify step decides) over many samples matches the non-speculative server's by a
 at p = 0.001; a verifier that silently took the argmax would make that token a function of the first one,
 which the test also rules out.
 
-Compressed KV (`--kv-cache-dtype int8|octave_k3v4|octave_k3v3`): with `--enable-deterministic-inference` on both
-servers, NEXTN greedy output equals the plain server of the same KV format over all 64 tokens of every prompt, and
-drafts are accepted. Verify reads its drafts through the lossy format, as decode reads its current token; the mode
-is needed because verify projects 4 rows per matmul where decode projects 1, and on this CPU the two differ in the
-last float32 bits; a quantized format turns that into a different code now and then and the outputs part at a
-near-tie (without the mode: int8 parted at token 54 of one prompt once, octave_k3v4 kept 2 of 4 prompts). In the
-mode, decode and verify compute every row alone (platform/batch_invariant.py), so the codes are bitwise equal.
-No sampling test per format: the rejection sampler does not depend on the KV format.
+Compressed KV (octave_k3v4, default flags): NEXTN chain, NEXTN tree and NGRAM greedy output equals the plain
+server of the same KV format over all 64 tokens of 8 prompts, and drafts are accepted. Verify reads its drafts
+through the lossy format, as decode reads its current token; and over a compressed pool every server computes its
+decode and verify rows in fixed blocks of 4 (platform/batch_invariant.py), so a verify row's K/V codes and logits
+are bitwise the decode row's. Without that (SGLANG_EXT_ROW_INVARIANT=off), verify projects 4 rows per matmul where
+decode projects 1, the two differ in the last float32 bits on this CPU, a 3- or 4-bit code flips now and then
+and the outputs part at a near-tie. No sampling test per format: the rejection sampler does not depend on the KV
+format.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import pytest
@@ -38,8 +37,9 @@ BASE_ARGS = ("--dtype", "float32", "--max-total-tokens", "3000", "--mem-fraction
              "--random-seed", "0")
 NGRAM_ARGS = ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4")
 NEXTN_STEPS = 3
-COMPRESSED_KV = ("int8", "octave_k3v4", "octave_k3v3")
-DETERMINISTIC_ARGS = ("--enable-deterministic-inference",)
+COMPRESSED_KV_FORMAT = "octave_k3v4"
+COMPRESSED_PROMPTS = (*PROMPTS, "The three primary colours are", "def fibonacci(n):",
+                      "Water boils at a temperature of", "My favourite book is about")
 SAMPLE_PROMPT = "My favourite animal is the"
 SAMPLES = 400  # per server
 SAMPLE_BATCH = 40
@@ -53,9 +53,9 @@ def generate(server, texts, **sampling) -> list[dict]:
     return r.json()
 
 
-def greedy_outputs(server) -> list[dict]:
+def greedy_outputs(server, prompts=PROMPTS) -> list[dict]:
     # batch 1: the speculative path at its simplest; ignore_eos so every prompt runs all 64 tokens of verify steps
-    return [generate(server, [p], ignore_eos=True)[0] for p in PROMPTS]
+    return [generate(server, [p], ignore_eos=True)[0] for p in prompts]
 
 
 def second_tokens(server) -> list[tuple[int, int]]:
@@ -162,23 +162,37 @@ def test_nextn_greedy_identical_and_sampling_matches(server_pool, reference, mtp
     assert_sampling_matches(server, reference)
 
 
-@pytest.mark.parametrize("kv", COMPRESSED_KV)
-def test_nextn_over_compressed_kv_greedy_identical_in_deterministic_mode(server_pool, mtp_model_dir, kv):
-    # Both servers serve the MiMo folder (the target model NEXTN verifies with), so the comparison is bitwise the
-    # same model with and without speculation. The pool keeps one server alive: the plain one is stopped when the
-    # NEXTN one starts.
-    args = (*BASE_ARGS, "--kv-cache-dtype", kv, *DETERMINISTIC_ARGS)
-    plain_server = server_pool.get(*args, "--model-path", mtp_model_dir, name=f"spec-plain-{kv}")
-    plain = {"greedy": greedy_outputs(plain_server)}
-    server = server_pool.get(*args, *nextn_args(mtp_model_dir), name=f"spec-nextn-{kv}")
-    outs = greedy_outputs(server)
-    for prompt, got, want in zip(PROMPTS, outs, plain["greedy"]):
+@pytest.fixture(scope="module")
+def compressed_plain(server_pool, mtp_model_dir) -> list[dict]:
+    # The plain server serves the MiMo folder (the target model NEXTN verifies with), so the comparison is bitwise
+    # the same model with and without speculation. The pool keeps one server alive: this one is stopped when the
+    # first speculative one starts.
+    server = server_pool.get(*BASE_ARGS, "--kv-cache-dtype", COMPRESSED_KV_FORMAT, "--model-path", mtp_model_dir,
+                             name=f"spec-plain-{COMPRESSED_KV_FORMAT}")
+    return greedy_outputs(server, COMPRESSED_PROMPTS)
+
+
+def compressed_speculative_args(mode: str, mtp_model_dir: str) -> tuple[str, ...]:
+    if mode == "ngram":
+        return ("--model-path", mtp_model_dir, *NGRAM_ARGS)
+    topk, draft_tokens = (1, NEXTN_STEPS + 1) if mode == "nextn-chain" else (4, NEXTN_STEPS + 1)
+    return nextn_args(mtp_model_dir, topk=topk, draft_tokens=draft_tokens)
+
+
+@pytest.mark.parametrize("mode", ["nextn-chain", "nextn-tree", "ngram"])
+def test_speculative_over_compressed_kv_greedy_identical_by_default(server_pool, mtp_model_dir, compressed_plain,
+                                                                   mode):
+    server = server_pool.get(*BASE_ARGS, "--kv-cache-dtype", COMPRESSED_KV_FORMAT,
+                             *compressed_speculative_args(mode, mtp_model_dir),
+                             name=f"spec-{mode}-{COMPRESSED_KV_FORMAT}")
+    outs = greedy_outputs(server, COMPRESSED_PROMPTS)
+    for prompt, got, want in zip(COMPRESSED_PROMPTS, outs, compressed_plain):
         assert got["meta_info"]["completion_tokens"] == NEW_TOKENS
         first_diff = next((i for i, (a, b) in enumerate(zip(got["output_ids"], want["output_ids"])) if a != b), None)
         assert first_diff is None, (
-            f"{kv} {prompt!r}: speculative output parts from plain at token {first_diff}: "
-            f"{got['text']!r} != {want['text']!r}")
-    assert accepted_drafts(outs) > 0, f"no MTP draft was ever accepted over {kv} KV"
+            f"{mode} over {COMPRESSED_KV_FORMAT}, {prompt!r}: speculative output parts from plain at token "
+            f"{first_diff}: {got['text']!r} != {want['text']!r}")
+    assert accepted_drafts(outs) > 0, f"no {mode} draft was ever accepted over {COMPRESSED_KV_FORMAT} KV"
 
 
 def test_nextn_topk2_tree_greedy_identical(server_pool, reference, mtp_model_dir):
