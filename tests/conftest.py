@@ -57,6 +57,7 @@ SLOW_FILES = {
     "tests/kvcache/test_same_output_serving.py": 400,
     "tests/moe/test_paged_serving.py": 300,  # 3 servers (K=2/4/8); one K took 300 s at load average 20-50
     "tests/kernels/test_store_dequant.py": 299,
+    "tests/hybrid/test_hybrid_sessions.py": 370,  # one server; 327 s of it start-up at load average 15-20
     "tests/sessions/test_agent_sessions.py": 264,
     "tests/tools/test_native_loop.py": 250,
     "tests/ple/test_gemma3n_e2e.py": 137,
