@@ -54,6 +54,7 @@ SLOW_FILES = {
     "tests/kvcache/test_kvcache_serving.py": 559,
     "tests/hybrid/test_hybrid_kv_formats.py": 500,
     "tests/hybrid/test_hybrid_mtp.py": 360,  # 3 servers (plain, NEXTN chain, tree); estimate, not timed as one run
+    "tests/hybrid/test_hybrid_parallel.py": 450,
     "tests/hicache/test_hicache_serving.py": 414,
     "tests/kvcache/test_same_output_serving.py": 400,
     "tests/moe/test_paged_serving.py": 300,  # 3 servers (K=2/4/8); one K took 300 s at load average 20-50
