@@ -321,7 +321,7 @@ def plan_partition(shape: ModelShape, tp: int, pp: int, opts: PlanOptions = Plan
         for b in b_values:
             need_free = m.free_needed(floor_cap, k, b or 0)
             in_bound = _state_bound(m, b)
-            split = _best_split(m, k, time_score, lambda s, i, j, f=need_free: m.free(s, i, j) >= f and in_bound(s, i, j))
+            split = _best_split(m, k, time_score, lambda s, i, j, f=need_free, ok=in_bound: m.free(s, i, j) >= f and ok(s, i, j))
             if split is None:
                 continue
             cand = m.evaluate(split)
