@@ -224,7 +224,9 @@ GDN_KERNEL_TARGETS = {
 # qwen4_exp's QSA indexer (a fused op) defines forward_cuda / forward_xpu only; on an out-of-tree platform the
 # fused-op dispatch calls forward_native, which raises NotImplementedError. Both of its forwards are
 # `_forward_impl`, SGLang's portable orchestration (torch fallbacks for non-CUDA tensors). hybrid/qsa.py.
-HOOK_QSA_INDEXER_FORWARD_NATIVE = "sglang.srt.layers.attention.qsa.qsa_indexer.QSAIndexer.forward_native"
+# forward_native is inherited (MultiPlatformOp), so it is not in the class body test_compat reads for HOOK_ names;
+# its signature (HOOKED_SIGNATURES) is read from the imported class.
+QSA_INDEXER_FORWARD_NATIVE = "sglang.srt.layers.attention.qsa.qsa_indexer.QSAIndexer.forward_native"
 QSA_INDEXER_FORWARD_IMPL = "_forward_impl"
 # Steps of that path replaced by the torch ops of sglang_ext/hybrid/ops/qsa_sparse.py on the CPU platform: the
 # prefill's compressed-key gather (a Triton kernel on every device) and the two non-CUDA steps that loop over
@@ -311,8 +313,8 @@ HOOKED_SIGNATURES = {
     HOOK_HYBRID_FULL_ATTENTION_POOL_CLASS: "(self, *, mha_pool_class, mla_pool_class, dsa_pool_class)",
     HOOK_BUILD_FULL_ATTENTION_BACKEND: "(*, model_runner, backend_str, init_new_workspace)",
     # qwen4_exp's QSA indexer on the portable CPU platform (hybrid/qsa.py)
-    HOOK_QSA_INDEXER_FORWARD_NATIVE: "(self, *args, **kwargs)",
-    f"{HOOK_QSA_INDEXER_FORWARD_NATIVE.rpartition('.')[0]}.{QSA_INDEXER_FORWARD_IMPL}": (
+    QSA_INDEXER_FORWARD_NATIVE: "(self, *args, **kwargs)",
+    f"{QSA_INDEXER_FORWARD_NATIVE.rpartition('.')[0]}.{QSA_INDEXER_FORWARD_IMPL}": (
         "(self, hidden_states, positions, forward_batch, indexer_metadata, cp_global_rope_positions=None)"),
     # HiCache (platform/host_pool.py, hicache/hooks.py)
     HOOK_GET_MHA_HOST_POOL_CLS: "(buffer_info)",

@@ -67,7 +67,7 @@ def register() -> list[str]:
         raise RuntimeError(f"sglang_ext.hybrid: targets and torch ops differ: {sorted(missing)}")
     for name, target in compat.GDN_KERNEL_TARGETS.items():
         hook_chain.register(target, TORCH_OPS[name], compat.HookType.REPLACE)
-    hook_chain.register(compat.HOOK_QSA_INDEXER_FORWARD_NATIVE, qsa_indexer_forward_native, compat.HookType.REPLACE)
+    hook_chain.register(compat.QSA_INDEXER_FORWARD_NATIVE, qsa_indexer_forward_native, compat.HookType.REPLACE)
     for name, target in compat.QSA_KERNEL_TARGETS.items():
         hook_chain.register(target, QSA_TORCH_OPS[name], compat.HookType.REPLACE)
     return ["hybrid GDN ops (torch) on the cpu platform"]
