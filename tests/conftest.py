@@ -67,6 +67,7 @@ SLOW_FILES = {
     "tests/hicache/test_hicache_kernel_io.py": 110,
     "tests/kvcache/test_decode_plan.py": 100,
     "tests/spec/test_spec_gpu_process.py": 70,
+    "tests/platform/test_bundle.py": 112,
 }
 
 

@@ -250,7 +250,7 @@ def pack(out: Path, cache: Path, tokenizer_dir: Path | None = None) -> dict:
     shutil.copy2(deps, out / DEPS_ARCHIVE)
     folder = out / "staging-sglang_ext"
     shutil.rmtree(folder, ignore_errors=True)
-    _copy_sglang_ext(folder)
+    _copy_sglang_ext(folder / "python")
     _archive(folder, out / EXT_ARCHIVE)
     shutil.rmtree(folder)
     shutil.copy2(Path(__file__).with_name("target.py"), out / SCRIPT)
