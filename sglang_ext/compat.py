@@ -445,6 +445,11 @@ HOOK_PAGED_UNQUANT_RUNNER_METHOD = f"{PAGED_EXPERTS_MODULE}.formats.UnquantizedF
 HOOK_PAGED_MAKE_FOR_LAYER = f"{PAGED_EXPERTS_MODULE}.method.make_for_layer"
 HOOK_PAGED_AFTER_LOADING = f"{PAGED_EXPERTS_MODULE}.method.PagedExpertsMoEMethod.process_weights_after_loading"
 HOOK_PAGED_PLAN_WAVES = f"{PAGED_EXPERTS_MODULE}.residency.plan_waves"
+# check_paged_experts_compat raises one RuntimeError: this prefix, then its problems joined by "; ". Those listed
+# here are lifted (sglang_ext/moe/sglang_glue.py), word for word as SGLang 0.5.23 writes them.
+HOOK_PAGED_CHECK_COMPAT = f"{PAGED_EXPERTS_MODULE}.method.check_paged_experts_compat"
+PAGED_REFUSAL_PREFIX = "Paged experts: "
+PAGED_LIFTED_REFUSALS: tuple[str, ...] = ("--tp-size must be 1 (single GPU only)",)
 _LAZY["PagedTritonContract"] = f"{PAGED_EXPERTS_MODULE}.runners:TritonContract"
 _LAZY["PagedUnquantizedFormat"] = f"{PAGED_EXPERTS_MODULE}.formats:UnquantizedFormat"
 _LAZY["StandardCombineInput"] = "sglang.srt.layers.moe.token_dispatcher:StandardCombineInput"
@@ -458,11 +463,6 @@ HOOKED_SIGNATURES.update({
 })
 
 def set_hicache_host_memory_reserve(nbytes: int) -> None:
-# check_paged_experts_compat raises one RuntimeError: this prefix, then its problems joined by "; ". Those listed
-# here are lifted (sglang_ext/moe/sglang_glue.py), word for word as SGLang 0.5.23 writes them.
-HOOK_PAGED_CHECK_COMPAT = f"{PAGED_EXPERTS_MODULE}.method.check_paged_experts_compat"
-PAGED_REFUSAL_PREFIX = "Paged experts: "
-PAGED_LIFTED_REFUSALS: tuple[str, ...] = ()  # "--tp-size must be 1 (single GPU only)" once proven
     """SGLang keeps 10 GiB of host RAM out of reach of the HiCache host pool (a module constant read at each
     sizing call, `pool_host/base.py`). Sized for GPU servers; the CPU platform lowers it."""
     module = importlib.import_module("sglang.srt.mem_cache.pool_host.base")

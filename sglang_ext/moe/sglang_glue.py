@@ -97,7 +97,12 @@ def _make_for_layer(original, layer, base_method):
 # --- what SGLang refuses and sglang-ext lifts --------------------------------------------------------------------
 def _check_compat(original, layer, expert_format):
     """SGLang's check, minus the refusals listed in compat.PAGED_LIFTED_REFUSALS (each lifted only with a server
-    test proving equal output); what remains is raised with what paged experts does support."""
+    test proving equal output); what remains is raised with what paged experts does support.
+
+    Lifted: --tp-size > 1. Each rank builds its own host store through SGLang's per-expert loader, which shards as
+    without paging; every rank routes the same replicated hidden states with the same router weights, so every
+    rank's LRU places and loads the same experts with no collective of its own (tests/moe/test_paged_tp.py checks
+    the two ranks' traces are identical); the layer's usual all-reduce sums the ranks' partial outputs."""
     try:
         original(layer=layer, expert_format=expert_format)
     except RuntimeError as exc:
@@ -110,8 +115,9 @@ def _check_compat(original, layer, expert_format):
             raise RuntimeError(compat.PAGED_REFUSAL_PREFIX + "; ".join(left) + f" ({SUPPORTED})") from None
 
 
-SUPPORTED = ("supported: one GPU (or the cpu platform), the expert formats SGLang lists, triton or Marlin runner; "
-             "--tp-size, --pp-size, --ep-size, --dp-size > 1 and speculative decoding are not")
+SUPPORTED = ("supported: one GPU or --tp-size N (each rank pages its own shard of every expert; also on the cpu "
+             "platform), the expert formats SGLang lists, triton or Marlin runner; --pp-size, --ep-size, --dp-size > 1 "
+             "and speculative decoding are not")
 
 
 # --- trace ---------------------------------------------------------------------------------------------------
@@ -153,7 +159,7 @@ def register() -> list[str]:
         hook_chain.register(compat.HOOK_PAGED_MAKE_FOR_LAYER, _make_for_layer, compat.HookType.AROUND)
         done.append("paged experts (torch, pageable store) on the cpu platform")
     hook_chain.register(compat.HOOK_PAGED_CHECK_COMPAT, _check_compat, compat.HookType.AROUND)
-    done.append("paged-experts refusals name what is supported")
+    done.append("paged experts with --tp-size")
     if os.environ.get(PAGED_EXPERTS_TRACE):
         hook_chain.register(compat.HOOK_PAGED_AFTER_LOADING, _record_store, compat.HookType.AFTER)
         hook_chain.register(compat.HOOK_PAGED_PLAN_WAVES, _record_waves, compat.HookType.AFTER)

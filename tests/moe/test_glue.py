@@ -1,5 +1,5 @@
-"""The paged-experts glue without a server: SGLang's refusals are kept and name what is supported, and the text
-the glue matches is still what SGLang 0.5.23 writes."""
+"""The paged-experts glue without a server: the lifted refusal (--tp-size) passes, the others are kept and name what
+is supported, and the text the glue matches is still what SGLang 0.5.23 writes."""
 
 import inspect
 
@@ -17,6 +17,18 @@ def _raising(*problems):
         if problems:
             raise RuntimeError(compat.PAGED_REFUSAL_PREFIX + "; ".join(problems))
     return original
+
+
+@pytest.mark.parametrize("lifted", compat.PAGED_LIFTED_REFUSALS)
+def test_lifted_refusal_passes(lifted):
+    sglang_glue._check_compat(_raising(lifted), layer=None, expert_format=None)
+
+
+def test_lifted_refusal_does_not_hide_others():
+    with pytest.raises(RuntimeError) as info:
+        sglang_glue._check_compat(_raising(*compat.PAGED_LIFTED_REFUSALS, "--pp-size must be 1 (single GPU only)"),
+                                  layer=None, expert_format=None)
+    assert str(info.value).startswith(compat.PAGED_REFUSAL_PREFIX + "--pp-size must be 1 (single GPU only) (")
 
 
 def test_accepted_configuration_passes():
