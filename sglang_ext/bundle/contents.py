@@ -4,9 +4,9 @@ Measured from an import trace: SGLang's server entry point and the modules the p
 (launch_server, HTTP server, tokenizer / detokenizer managers, scheduler, model runner, Triton attention, fused MoE,
 hybrid linear attention, radix cache, HiCache, NEXTN / NGRAM workers, the Llama / Qwen3 / Qwen3.5 models) imported
 in one process with torch's device queries faked, then sys.modules mapped to distributions. Distributions that are
-imported there only because they happen to be installed (IPython, scipy, torchvision, ...) are left out; the bundle
-test imports the same modules in an interpreter that sees only the bundle, torch and Triton, so a distribution
-missing from these lists fails it.
+imported there only because they happen to be installed (scipy, torchaudio, lxml, mistral-common, soundfile, ...)
+are left out; the bundle test imports the same modules in an interpreter that sees only the bundle, torch, Triton
+and torchvision, so a distribution missing from these lists fails it.
 """
 
 # What the target machine has: torch, Triton and torchvision (SGLang imports it at start-up; its compiled ops must
