@@ -460,6 +460,7 @@ HOOKED_SIGNATURES.update({
     HOOK_PAGED_MAKE_FOR_LAYER: "(layer, base_method)",
     HOOK_PAGED_AFTER_LOADING: "(self, layer)",
     HOOK_PAGED_PLAN_WAVES: "(policy, distinct)",
+    HOOK_PAGED_CHECK_COMPAT: "(layer, expert_format)",
 })
 
 def set_hicache_host_memory_reserve(nbytes: int) -> None:
@@ -473,7 +474,6 @@ def set_hicache_host_memory_reserve(nbytes: int) -> None:
 
 def hicache_file_storage_dir(storage_config, default: str) -> str:
     """The directory HiCacheFile stores pages in (its own precedence: env, extra_config, default)."""
-    HOOK_PAGED_CHECK_COMPAT: "(layer, expert_format)",
     from sglang.srt.environ import envs
 
     return (
