@@ -13,12 +13,12 @@ so `forward_native` here is that orchestration. Prefill context parallelism (a C
 from sglang_ext import compat
 
 
-def qsa_indexer_forward_native(self, hidden_states, positions, forward_batch, indexer_metadata,
-                               cp_global_rope_positions=None):
-    """`QSAIndexer.forward_native`: the token indices each query row attends to, `[rows, budget + ratio - 1]`
-    int32, -1 padded (SGLang's contract for its sparse-attention backend)."""
-    if cp_global_rope_positions is not None:
+def qsa_indexer_forward_native(self, *args, **kwargs):
+    """`QSAIndexer.forward_native` (SGLang declares it `(self, *args, **kwargs)`), called with `_forward_impl`'s
+    arguments `(hidden_states, positions, forward_batch, indexer_metadata, cp_global_rope_positions=None)`.
+    Returns the token indices each query row attends to, `[rows, budget + ratio - 1]` int32, -1 padded (SGLang's
+    contract for its sparse-attention backend)."""
+    if kwargs.get("cp_global_rope_positions") is not None or (len(args) > 4 and args[4] is not None):
         raise NotImplementedError("QSA indexer: prefill context parallelism needs CUDA; the CPU platform "
                                   "serves qwen4_exp without it")
-    forward_impl = getattr(self, compat.QSA_INDEXER_FORWARD_IMPL)
-    return forward_impl(hidden_states, positions, forward_batch, indexer_metadata)
+    return getattr(self, compat.QSA_INDEXER_FORWARD_IMPL)(*args, **kwargs)
