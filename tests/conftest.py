@@ -49,12 +49,12 @@ def shared_server(server_pool) -> ServerProcess:
 SLOW_FILES = {
     "tests/spec/test_spec_serving.py": 1840,
     "tests/kernels/test_attention.py": 981,
+    "tests/hybrid/test_hybrid_parallel.py": 950,
     "tests/kvcache/test_triton_server.py": 600,
     "tests/pp/test_pp_e2e.py": 561,
     "tests/kvcache/test_kvcache_serving.py": 559,
     "tests/hybrid/test_hybrid_kv_formats.py": 500,
     "tests/hybrid/test_hybrid_mtp.py": 360,  # 3 servers (plain, NEXTN chain, tree); estimate, not timed as one run
-    "tests/hybrid/test_hybrid_parallel.py": 450,
     "tests/hicache/test_hicache_serving.py": 414,
     "tests/kvcache/test_same_output_serving.py": 400,
     "tests/moe/test_paged_tp.py": 392,  # one tp-2 server; measured at load average ~20

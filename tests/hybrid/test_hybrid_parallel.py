@@ -1,12 +1,13 @@
 """Tiny Qwen3.5 (3 GDN layers + 1 full-attention layer) sharded on the CPU platform through gloo: tensor parallel
 (TP=2: each rank holds 1 of the 2 KV heads and 3 of the 6 GDN value heads, with their recurrent and conv state)
-gives the greedy tokens of transformers' float32 implementation of the same checkpoint, which
+and pipeline parallel (PP=3 over an explicit split: the stages' Mamba pools hold only their own GDN layers) each
+give the greedy tokens of transformers' float32 implementation of the same checkpoint, which
 tests/hybrid/test_hybrid_serving.py shows TP=1 gives on these prompts and flags.
 
 Flags as in test_hybrid_serving.py (float32 weights and conv state, no_buffer Mamba radix strategy without overlap,
 a 16-slot Mamba pool). Log-probabilities are compared with the same 1e-4 bound: TP sums the row-parallel
 projections' partial products through an all-reduce, a different float32 summation order than one GEMM; the
-largest gap measured at TP=2 over these 4 prompts x 16 tokens was 1.8e-5."""
+largest gap measured over these 4 prompts x 16 tokens was 1.8e-5 at TP=2 and 1.6e-5 at PP=3."""
 
 import concurrent.futures
 import os
@@ -88,5 +89,17 @@ def test_tp2_equals_transformers(checkpoint, prompts, reference):
     try:
         assert server.server_info().get("tp_size") == 2
         _assert_equals_reference(_ask_batch(server, prompts), prompts, reference, "tp 2")
+    finally:
+        server.stop()
+
+
+def test_pp3_explicit_split_equals_transformers(checkpoint, prompts, reference):
+    # 2,1,1 is not SGLang's default split (1,1,2): the GDN layers 0-1 on stage 0, GDN layer 2 on stage 1, the
+    # full-attention layer 3 (the only KV layer) on stage 2.
+    server = _serve(checkpoint, ("--pp-size", "3", "--pp-layer-partition", "2,1,1"), _binding(3), "hybrid-pp3")
+    try:
+        assert "SGLANG_PP_LAYER_PARTITION=2,1,1 (from --pp-layer-partition)" in server.log_text()
+        assert server.server_info().get("pp_size") == 3
+        _assert_equals_reference(_ask_batch(server, prompts), prompts, reference, "pp 3 (2,1,1)")
     finally:
         server.stop()
