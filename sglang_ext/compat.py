@@ -441,7 +441,8 @@ HOOKED_SIGNATURES = {
 PAGED_EXPERTS_MODULE = "sglang.srt.layers.moe.paged_experts"
 HOOK_PAGED_STORE_INIT = f"{PAGED_EXPERTS_MODULE}.store.HostExpertStore.__init__"
 HOOK_PAGED_CONTRACT_FOR = f"{PAGED_EXPERTS_MODULE}.runners.contract_for"
-HOOK_PAGED_UNQUANT_RUNNER_METHOD = f"{PAGED_EXPERTS_MODULE}.formats.UnquantizedFormat.runner_method"
+# the base class's (UnquantizedFormat inherits it; the glue wraps only for UnquantizedFormat)
+HOOK_PAGED_UNQUANT_RUNNER_METHOD = f"{PAGED_EXPERTS_MODULE}.formats.ExpertFormat.runner_method"
 HOOK_PAGED_MAKE_FOR_LAYER = f"{PAGED_EXPERTS_MODULE}.method.make_for_layer"
 HOOK_PAGED_AFTER_LOADING = f"{PAGED_EXPERTS_MODULE}.method.PagedExpertsMoEMethod.process_weights_after_loading"
 HOOK_PAGED_PLAN_WAVES = f"{PAGED_EXPERTS_MODULE}.residency.plan_waves"

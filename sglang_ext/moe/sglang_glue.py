@@ -83,7 +83,8 @@ def _contract_for(original, runner):
 
 
 def _unquantized_runner_method(original, self, base_method):
-    return TorchExpertsRunner(original(self, base_method))
+    runner = original(self, base_method)
+    return TorchExpertsRunner(runner) if isinstance(self, compat.PagedUnquantizedFormat) else runner
 
 
 def _make_for_layer(original, layer, base_method):
