@@ -136,7 +136,12 @@ def test_target_verify_equals_dense_attention(name, tree):
 
 
 @pytest.mark.parametrize("name", ["int8", "octave_k3v4"])
-def test_draft_extend_v2_equals_dense_attention(name):
+def test_draft_extend_v2_equals_dense_attention(name, monkeypatch):
+    # The "full" extend mode, whose draft tokens attend to their own K/V as computed (dense_attention's new rows);
+    # the default "pool" mode reads them back through the format, as target verify does.
+    from sglang_ext.kvcache import torch_backend
+
+    monkeypatch.setattr(torch_backend, "extend_reads_pool", lambda: False)
     gen = torch.Generator().manual_seed(8)
     backend, pool, req_to_token = make_backend(name, gen)
     o, expected, _ = run_new_tokens(
