@@ -144,7 +144,7 @@ def test_storage_tier_refused_for_hybrids():
             self.host_pool = host_pool
 
     class Group:
-        entries = [Entry(object()), Entry(object.__new__(compat.MambaPoolHost))]
+        entries = (Entry(object()), Entry(object.__new__(compat.MambaPoolHost)))
 
     with pytest.raises(ValueError) as refused:
         _create_backend(lambda *a, **k: pytest.fail("SGLang's backend was created"), None, "file", None, Group())
