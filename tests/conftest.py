@@ -57,6 +57,7 @@ SLOW_FILES = {
     "tests/hybrid/test_hybrid_mtp.py": 360,  # 3 servers (plain, NEXTN chain, tree); estimate, not timed as one run
     "tests/hicache/test_hicache_serving.py": 414,
     "tests/kvcache/test_same_output_serving.py": 400,
+    "tests/hybrid/test_qwen4_exp_serving.py": 470,  # 2 servers (PLE table in RAM, on SSD); load average 15-20
     "tests/moe/test_paged_tp.py": 392,  # one tp-2 server; measured at load average ~20
     "tests/moe/test_paged_serving.py": 300,  # 3 servers (K=2/4/8); one K took 300 s at load average 20-50
     "tests/kernels/test_store_dequant.py": 299,

@@ -1,0 +1,108 @@
+"""Tiny qwen4_exp (SGLang's hybrid MoE with hyper-connections, a hashed n-gram PLE table and QSA indexed
+attention) on stock launch_server on the CPU platform, in float32:
+
+- with the PLE table in RAM, greedy tokens and log-probabilities equal transformers' own float32 implementation
+  of the same checkpoint (`Qwen4ExpForConditionalGeneration`) on 4 prompts sent together;
+- with the table on SSD (`--ple-offload-backend ssd`: rows read from the checkpoint's safetensors shards), the
+  tokens and top-3 candidates equal the RAM server's, log-probabilities within batching rounding, and the
+  server says it serves the table from the checkpoint's shards.
+
+What runs on the CPU platform: the GDN layers through sglang_ext's torch ops, the QSA indexer through SGLang's
+portable orchestration (`forward_native`, hybrid/qsa.py) with the batched block top-k and sparse attention of
+hybrid/ops/qsa_sparse.py, the PLE rows and hyper-connections in the served dtype (ple/qwen4_served_dtype.py).
+The tiny model's indexer budget (2048 tokens in 512 blocks) covers every prompt here, so every complete block
+is selected: the selection itself is tested in test_qsa_sparse.py.
+
+Flags: qwen4_exp's QSA forces page size 64, which SGLang's Mamba radix cache accepts only with its extra-buffer
+strategy (not declared by the CPU platform), hence `--disable-radix-cache`; a float32 conv state as in
+test_hybrid_serving.py; a 16-slot Mamba pool; `--mem-fraction-static 0.95` (the pool is capped by
+--max-total-tokens; SGLang's default fraction failed its post-load check when other processes took RAM)."""
+
+import concurrent.futures
+
+import pytest
+import requests
+import torch
+from server import ServerProcess
+
+from sglang_ext.models.tiny import prepare_tiny
+
+PROMPT_LENGTHS = (6, 64, 71, 151)  # within a 64-token page, at, past and over two page boundaries
+NEW_TOKENS = 16
+FLAGS = ["--dtype", "float32", "--max-total-tokens", "2048", "--disable-radix-cache", "--disable-overlap-schedule",
+         "--max-mamba-cache-size", "16", "--mem-fraction-static", "0.95"]
+ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
+# float32 on both sides, different summation orders (test_hybrid_serving.py measured 2e-5 on Qwen3.5).
+LOGPROB_TOL = 1e-4
+# RAM and SSD tables hold the same bf16 rows; the servers may still group the 4 requests into different prefill
+# batches (arrival order), whose float32 GEMMs round differently: measured 4.8e-7 on one such pair.
+SAME_ROWS_TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def checkpoint(model_dir):  # model_dir: the built-in tokenizer the tiny model copies
+    return str(prepare_tiny("qwen4_exp"))
+
+
+def _prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    return [[1] + torch.randint(3, 49000, (n - 1,), generator=gen).tolist() for n in PROMPT_LENGTHS]
+
+
+def _serve(checkpoint: str, extra: list[str], name: str) -> tuple[list[dict], str]:
+    """The 4 prompts in one batch (varlen extend, batched decode); the replies and the server's log."""
+    server = ServerProcess(checkpoint, [*FLAGS, *extra], env=ENV, name=name).start()
+    try:
+        def ask(ids):
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0.0},
+                    "return_logprob": True, "top_logprobs_num": 3}
+            reply = requests.post(f"{server.url}/generate", json=body, timeout=600)
+            reply.raise_for_status()
+            return reply.json()
+
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPT_LENGTHS)) as pool:
+            return list(pool.map(ask, _prompts())), server.log_text()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def ram(checkpoint):
+    return _serve(checkpoint, [], "tiny-qwen4_exp-ram")
+
+
+def _tops(reply: dict) -> list[list[tuple[float, int]]]:
+    return [[(value, token) for value, token, _ in step] for step in reply["meta_info"]["output_top_logprobs"]]
+
+
+def test_ram_table_equals_transformers(ram, checkpoint):
+    from transformers import Qwen4ExpForConditionalGeneration
+
+    replies, _ = ram
+    model = Qwen4ExpForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32)
+    for ids, reply in zip(_prompts(), replies):
+        tokens = reply["output_ids"]
+        assert len(tokens) == NEW_TOKENS, f"prompt of {len(ids)} tokens: {len(tokens)} tokens served"
+        # One forward over prompt + served tokens: greedy decoding gives the served tokens iff each is the argmax
+        # after its prefix, which is what generate() would check one step at a time.
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids + tokens])).logits[0].double()
+        logprobs = torch.log_softmax(logits[len(ids) - 1:-1], dim=-1)  # [NEW_TOKENS, vocab]
+        assert logprobs.argmax(-1).tolist() == tokens, f"prompt of {len(ids)} tokens: greedy tokens differ"
+        gap = max(abs(value - logprobs[step, token].item())
+                  for step, top in enumerate(_tops(reply)) for value, token in top)
+        assert gap < LOGPROB_TOL, f"prompt of {len(ids)} tokens: log-probabilities differ by {gap:.2e}"
+
+
+def test_ssd_table_equals_ram_table(ram, checkpoint):
+    ram_replies, ram_log = ram
+    ssd_replies, ssd_log = _serve(checkpoint, ["--ple-offload-backend", "ssd"], "tiny-qwen4_exp-ssd")
+    assert "served from 2 shard tensor(s)" in ssd_log, "the SSD server did not open the checkpoint's table shards"
+    assert "served from" not in ram_log
+    for length, ram_reply, ssd_reply in zip(PROMPT_LENGTHS, ram_replies, ssd_replies):
+        assert ssd_reply["output_ids"] == ram_reply["output_ids"], f"prompt of {length} tokens: tokens differ"
+        assert [[t for _, t in step] for step in _tops(ssd_reply)] == [[t for _, t in step] for step in
+                                                                          _tops(ram_reply)], f"prompt of {length}"
+        gap = max(abs(a - b) for ssd_step, ram_step in zip(_tops(ssd_reply), _tops(ram_reply))
+                  for (a, _), (b, _) in zip(ssd_step, ram_step))
+        assert gap < SAME_ROWS_TOL, f"prompt of {length} tokens: log-probabilities differ by {gap:.2e}"
