@@ -428,6 +428,12 @@ HOOKED_SIGNATURES = {
     "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul": "(hidden_states, gate_weight, shared_output)",
     "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add": (
         "(hidden_states, gate_weight, shared_output, final_hidden_states)"),
+    "sglang.kernels.ops.mamba.mamba_state_scatter_triton.fused_mamba_state_scatter_with_mask": (
+        "(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None)"),
+    "sglang.kernels.ops.mamba.mamba_state_scatter_triton.fused_conv_window_scatter_with_mask": (
+        "(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None)"),
+    "sglang.kernels.ops.mamba.mamba_state_scatter_triton.fused_conv_window_scatter_multi": (
+        "(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw=None, step_indices2_raw=None)"),
     "sglang.kernels.ops.attention.fla.layernorm_gated.layernorm_fn": (
         "(x, weight, bias, z=None, eps=1e-06, group_size=None, norm_before_gate=True, is_rms_norm=False, "
         "activation='swish')"),
