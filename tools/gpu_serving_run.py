@@ -54,6 +54,7 @@ SPEED_CONFIG = {
 }
 HICACHE_DEVICE_TOKENS = 600
 MEM_FRACTION = "0.6"
+SERVER_TIMEOUT = 600.0  # seconds a server may take to become healthy (--server-timeout)
 
 
 def free_port() -> int:
@@ -82,7 +83,8 @@ class Server:
         self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.started = time.time()
 
-    def wait(self, timeout: float = 600) -> float:
+    def wait(self, timeout: float | None = None) -> float:
+        timeout = SERVER_TIMEOUT if timeout is None else timeout
         while time.time() - self.started < timeout:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited {self.process.returncode}: {self.tail()}")
@@ -354,6 +356,7 @@ def reference_main(args) -> int:
 
 
 def main(argv=None) -> int:
+    global SERVER_TIMEOUT
     parser = argparse.ArgumentParser(prog="tools/gpu_serving_run.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--reference", action="store_true", help="compute the CPU float32 reference instead")
@@ -363,7 +366,10 @@ def main(argv=None) -> int:
     parser.add_argument("--formats", type=lambda s: s.split(","), default=list(FORMATS))
     parser.add_argument("--phases", type=lambda s: s.split(","), default=["correctness", "hicache", "nextn", "speed"])
     parser.add_argument("--dtype", default="float32", help="--dtype of the correctness / hicache / nextn servers")
+    parser.add_argument("--server-timeout", type=float, default=SERVER_TIMEOUT,
+                        help="seconds a server may take to become healthy")
     args = parser.parse_args(argv)
+    SERVER_TIMEOUT = args.server_timeout
     if args.reference:
         return reference_main(args)
     args.out.mkdir(parents=True, exist_ok=True)

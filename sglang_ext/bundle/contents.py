@@ -4,14 +4,14 @@ Measured from an import trace: SGLang's server entry point and the modules the p
 (launch_server, HTTP server, tokenizer / detokenizer managers, scheduler, model runner, Triton attention, fused MoE,
 hybrid linear attention, radix cache, HiCache, NEXTN / NGRAM workers, the Llama / Qwen3 / Qwen3.5 models) imported
 in one process with torch's device queries faked, then sys.modules mapped to distributions. Distributions that are
-imported there only because they happen to be installed (scipy, torchaudio, lxml, mistral-common, soundfile, ...)
+imported there only because they happen to be installed (scipy, torchaudio, lxml, mistral-common, ...)
 are left out; the bundle test imports the same modules in an interpreter that sees only the bundle, torch, Triton
 and torchvision, so a distribution missing from these lists fails it.
 """
 
 # What the target machine has: torch, Triton and torchvision (SGLang imports it at start-up; its compiled ops must
 # match the machine's torch build, so it comes with torch, not with the bundle), and their requirements
-# (pack.with_torch() walks them).
+# (pack.with_torch() walks them: numpy and pillow come with torchvision, so the bundle does not carry them).
 WITH_TORCH = ("torch", "triton", "torchvision")
 
 # Pure-Python distributions copied from this environment as installed (sources and dist-info).
@@ -23,14 +23,16 @@ PURE = (
     "partial-json-parser", "pydantic", "pydantic-extra-types", "python-multipart", "referencing", "requests",
     "sniffio", "starlette", "tqdm", "typing-inspection", "urllib3", "uvicorn", "gguf",
     "ipython", "traitlets", "Pygments", "rich",  # sglang/utils.py imports IPython.display
+    "pycparser",  # cffi's requirement
 )
 
 # Distributions with compiled extensions: the bundle carries their wheels for the target's Python (cp312).
 BINARY = (
-    "aiohttp", "charset-normalizer", "frozenlist", "msgspec", "multidict", "numpy", "orjson", "pillow", "propcache",
+    "aiohttp", "charset-normalizer", "frozenlist", "msgspec", "multidict", "orjson", "propcache",
     "psutil", "pybase64", "pydantic_core", "PyYAML", "pyzmq", "regex", "rpds-py", "safetensors", "sentencepiece",
     "setproctitle", "tokenizers", "uvloop", "yarl",
     "apache-tvm-ffi", "xgrammar",  # SGLang's all-reduce module and function-call parsers import them
+    "soundfile", "cffi",  # the HTTP server imports its audio-transcription route (soundfile carries libsndfile)
 )
 
 # SGLang's top-level parts the platform never imports (not in the trace): left out of the bundle. Compiled

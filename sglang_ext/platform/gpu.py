@@ -37,6 +37,11 @@ class PortableGpuPlatform(compat.CudaDeviceMixin, compat.SRTPlatform):
         if server_args.speculative_draft_attention_backend is None:
             server_args.speculative_draft_attention_backend = "triton"
         server_args.disable_custom_all_reduce = True  # sgl_kernel's custom all-reduce: NCCL instead
+        # Linear attention (Qwen3.5-family hybrids): SGLang picks FlashInfer's GDN prefill by itself on SM90/SM100;
+        # this platform keeps the Triton kernels unless the user chose otherwise.
+        for field in LINEAR_ATTN_FIELDS:
+            if getattr(server_args, field, None) is None and hasattr(server_args, field):
+                setattr(server_args, field, "triton")
         # SGLang's prefill graphs ("breakable", its CUDA default) hold outputs through sgl_kernel's weak_ref_tensor,
         # which this platform does not provide; decode graphs ("full") stay on. A user's explicit choice is kept.
         graphs = server_args.cuda_graph_config
@@ -59,12 +64,20 @@ class PortableGpuPlatform(compat.CudaDeviceMixin, compat.SRTPlatform):
     def get_dispatch_key_name(self) -> str:
         return "native"
 
+    # Hybrid models' radix cache with the overlap scheduler ("extra_buffer", SGLang's choice on CUDA): the state
+    # snapshots are torch copies and SGLang's Triton conv / GDN kernels, the same code CUDA runs.
+    def support_mamba_cache_extra_buffer(self) -> bool:
+        return True
+
     # Speculative decoding: the Triton / torch ops of sglang_ext/spec are installed by its register() (plugin).
     def supports_speculative_algorithm(self, algorithm: str) -> bool:
         from sglang_ext.spec import SUPPORTED_ALGORITHMS
 
         return algorithm.upper() in SUPPORTED_ALGORITHMS
 
+
+# Linear-attention kernel choices this platform sets to "triton" when the user left them unset.
+LINEAR_ATTN_FIELDS = ("linear_attn_prefill_backend", "linear_attn_decode_backend", "linear_attn_verify_backend")
 
 # Backends that reach only torch / Triton code on this platform.
 SUPPORTED_BACKENDS = {

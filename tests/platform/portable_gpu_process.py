@@ -52,6 +52,9 @@ SERVED = [
     "sglang.srt.mem_cache.memory_pool_host", "sglang.srt.managers.cache_controller",
     "sglang.srt.speculative.eagle_worker_v2", "sglang.srt.speculative.ngram_worker",
     "sglang.srt.model_executor.model_runner", "sglang.srt.managers.scheduler", "sglang.launch_server",
+    # what launch_server's run_server imports when it starts (not at its own import)
+    "sglang.srt.entrypoints.http_server", "sglang.srt.managers.tokenizer_manager",
+    "sglang.srt.managers.detokenizer_manager",
 ]
 failed = {}
 for module in SERVED:
