@@ -1,7 +1,7 @@
 """One SGLang process on a faked GPU under the portable GPU platform (run by test_portable_gpu.py).
 
 argv[1]: "cuda" (an H200) or "hip" (an RX 7900 XTX, gfx1100, chosen by the platform itself); argv[2]: a model
-folder. Only torch's device queries are faked (availability, name, capability, properties, and torch.version for a
+folder; argv[3] (optional): a hybrid checkpoint folder. Only torch's device queries are faked (availability, name, capability, properties, and torch.version for a
 ROCm build). flashinfer and DeepGEMM are made absent, as on a bare GPU machine; sgl_kernel is installed here and
 must never be loaded; aiter is not installed here, and SGLang imports it unconditionally on ROCm. Prints one JSON line: the platform SGLang resolved, its server-argument defaults, what
 `sgl_kernel` is in this process, the served modules that failed to import, and two refusals (one line each).
@@ -17,6 +17,7 @@ import types
 import torch
 
 device, model = sys.argv[1], sys.argv[2]
+hybrid = sys.argv[3] if len(sys.argv) > 3 else None  # a Qwen3.5-style hybrid checkpoint folder
 ABSENT = ("flashinfer", "deep_gemm", "deep_ep", "sgl_flash_mla")
 
 
@@ -71,13 +72,23 @@ FIELDS = ("device", "attention_backend", "sampling_backend", "moe_runner_backend
           "speculative_draft_attention_backend", "disable_cuda_graph", "disable_custom_all_reduce")
 
 
-def resolved(extra):
-    args = prepare_server_args(["--model-path", model, *extra])
+def resolved(extra, model_path=model):
+    args = prepare_server_args(["--model-path", model_path, *extra])
     args.resolve_once()
     view = resolving_view(args)
     graphs = view.cuda_graph_config
     return {**{field: getattr(view, field) for field in FIELDS},
             "graphs": [graphs.decode.backend, graphs.prefill.backend]}
+
+
+def hybrid_resolved():
+    """A hybrid's Mamba radix-cache strategy and linear-attention kernels with SGLang's defaults (overlap on)."""
+    args = prepare_server_args(["--model-path", hybrid])
+    args.resolve_once()
+    view = resolving_view(args)
+    return {field: getattr(view, field) for field in (
+        "mamba_radix_cache_strategy", "disable_overlap_schedule", "linear_attn_prefill_backend",
+        "linear_attn_decode_backend", "linear_attn_verify_backend")}
 
 
 def refusal(fn):
@@ -105,4 +116,5 @@ print(json.dumps({
     "sgl_kernel_version_check": refusal(lambda: assert_pkg_version("sglang-kernel", "99.0", "")),
     "unprovided_call": refusal(lambda: sgl_kernel.kvcacheio.transfer_kv_per_layer(None)),
     "flashinfer_backend": refusal(lambda: resolved(["--attention-backend", "flashinfer"])),
+    "hybrid": None if hybrid is None else (refusal(hybrid_resolved) or hybrid_resolved()),
 }))

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_ext import env
+from sglang_ext.models.tiny import prepare_tiny
 from sglang_ext.platform import (
     GPU_PLATFORM_NAME,
     PLATFORM_NAME,
@@ -76,11 +77,11 @@ def test_selection_refusals(monkeypatch):
         chosen_platform()
 
 
-def _run_process(device: str, model_dir: str, environ: dict) -> dict:
+def _run_process(device: str, model_dir: str, environ: dict, hybrid: str | None = None) -> dict:
     run_env = {**os.environ, **environ}
     for name in (env.SGLANG_PLATFORM, *kernel_guard.LIBRARY_SWITCHES):
         run_env.pop(name, None)
-    done = subprocess.run([sys.executable, str(SCRIPT), device, model_dir], check=False, env=run_env, capture_output=True,
+    done = subprocess.run([sys.executable, str(SCRIPT), device, model_dir, *([hybrid] if hybrid else [])], check=False, env=run_env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-6000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -91,7 +92,7 @@ def _run_process(device: str, model_dir: str, environ: dict) -> dict:
     ("hip", {}),  # an RX 7900 XTX (gfx1100): chosen by itself
 ])
 def test_sglang_process_on_the_platform(model_dir, device, environ):
-    result = _run_process(device, model_dir, environ)
+    result = _run_process(device, model_dir, environ, hybrid=str(prepare_tiny("qwen3_5")))
     assert result["platform"] == "PortableGpuPlatform" and result["out_of_tree"]
     assert result["defaults"] == {
         "device": "cuda", "attention_backend": "triton", "sampling_backend": "pytorch",
@@ -111,6 +112,12 @@ def test_sglang_process_on_the_platform(model_dir, device, environ):
                                          "is not provided by the portable_gpu platform")
     assert result["flashinfer_backend"] == ("ValueError: --attention-backend flashinfer is not supported on the "
                                             "portable_gpu platform; use triton")
+    # a hybrid with SGLang's defaults: the overlap scheduler's Mamba strategy (SGLang asks the platform whether it
+    # can snapshot states) and Triton linear-attention kernels (SGLang would pick FlashInfer's GDN prefill on SM90)
+    assert result["hybrid"] == {
+        "mamba_radix_cache_strategy": "extra_buffer", "disable_overlap_schedule": False,
+        "linear_attn_prefill_backend": "triton", "linear_attn_decode_backend": "triton",
+        "linear_attn_verify_backend": "triton"}
 
 
 def test_guarded_module_names():
