@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from server import ServerProcess
 
 from sglang_ext.bundle import contents, pack, target
 from sglang_ext.env import ext_home
@@ -122,3 +123,34 @@ def test_clean_interpreter_imports_the_server(unpacked, model_dir, tmp_path):
     assert served["defaults"]["attention_backend"] == "triton" and served["defaults"]["device"] == "cuda"
     assert served["sgl_kernel"] == "GuardedModule"
     assert loaded["outside"] == [] and loaded["modules"] > 3000
+
+
+class _CleanServer(ServerProcess):
+    """launch_server with `python -S`: no site-packages, only PYTHONPATH (the multiprocessing children inherit it)."""
+
+    def command(self) -> list[str]:
+        python, *rest = super().command()
+        return [python, "-S", *rest]
+
+
+def test_bundle_serves_in_a_clean_interpreter(unpacked, model_dir, tmp_path):
+    """The whole server start (what run_server imports only when it starts, the scheduler and detokenizer processes)
+    with only the bundle and torch's distributions: the built-in model on the CPU platform with int8 KV, greedy."""
+    links = tmp_path / "links"
+    _link_distributions(pack.with_torch(), links / "torch")
+    _link_distributions(contents.BINARY, links / "binary")  # this Python's builds of the bundle's cp312 wheels
+    paths = [str(unpacked / "python"), str(links / "torch"), str(links / "binary")]
+    environ = {"PYTHONPATH": os.pathsep.join(paths), "SGLANG_EXT_PLATFORM": "portable_cpu",
+               "SGLANG_EXT_TOKENIZER_DIR": str(unpacked / "tokenizer")}
+    server = _CleanServer(model_dir, ["--kv-cache-dtype", "int8", "--max-total-tokens", "2048"], env=environ,
+                          name="bundle-clean")
+    try:
+        server.start()
+        out = server.generate("The capital of France is", max_new_tokens=8)
+        log = server.log_text()
+    finally:
+        server.stop()
+    assert "Paris" in out["text"]
+    # the plugin came from the bundle (its entry point) and verified its hooks in the scheduler process too
+    assert "kv-cache-dtype int8/octave_k3v4/octave_k3v3" in log and log.count("hooks verified") >= 2
+    assert f"{unpacked / 'python'}/sglang/launch_server.py" in log  # SGLang's own warning names the bundle's file
