@@ -12,7 +12,8 @@ topk 1 that is req_to_token[req, :seq_len + s + 1].
 
 Over a compressed pool (`--kv-cache-dtype int8|octave_*`, the draft pool has the target's format) the same
 roles go to `CompressedTorchNativeAttnBackend`, which reads the format's planes; a draft step is its decode
-over the same slot lists.
+over the same slot lists. On a hybrid linear-attention model (Qwen3.5's MTP layer as the draft) the draft pool is
+SGLang's `HybridLinearKVPool` with the compressed planes as its full-attention sub-pool (`_compressed_planes`).
 
 On a GPU over a compressed pool (`compressed_triton_draft`): SGLang's Triton draft backends would read the pool as
 dense K/V (the pool refuses). Draft decode keeps SGLang's TritonMultiStepDraftBackend, whose per-step kv lists
@@ -146,10 +147,20 @@ def _compressed_draft_step_backend_cls():
     return _compressed_step_cls
 
 
-def _is_compressed(model_runner) -> bool:
+def _compressed_planes(model_runner):
+    """The `CompressedMHATokenToKVPool` behind the draft runner's pool: the pool itself, or on a hybrid
+    linear-attention model (Qwen3.5's MTP draft) the full-attention sub-pool of SGLang's `HybridLinearKVPool`;
+    None over dense KV."""
     from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
 
-    return isinstance(getattr(model_runner, "token_to_kv_pool", None), CompressedMHATokenToKVPool)
+    pool = getattr(model_runner, "token_to_kv_pool", None)
+    if isinstance(pool, compat.HybridLinearKVPool):
+        pool = getattr(pool, "full_kv_pool", None)
+    return pool if isinstance(pool, CompressedMHATokenToKVPool) else None
+
+
+def _is_compressed(model_runner) -> bool:
+    return _compressed_planes(model_runner) is not None
 
 
 class TorchNativeMultiStepDraftBackend:
@@ -193,7 +204,7 @@ def add_torch_native(original, factory, backend_name, backend_map, error_templat
 def _refuse(runner, backend_type: str):
     def create():
         raise ValueError(
-            f"--kv-cache-dtype {runner.token_to_kv_pool.kv_format.name}: draft attention backend {backend_type!r} "
+            f"--kv-cache-dtype {_compressed_planes(runner).kv_format.name}: draft attention backend {backend_type!r} "
             "cannot read this format; use --speculative-draft-attention-backend triton (GPU) or torch_native (CPU)")
     return create
 
@@ -217,7 +228,7 @@ def _compressed_triton_map(factory, backend_name, backend_map):
         def create():
             # SGLang's container builds a TritonAttnBackend per step, whose constructor reads the pool's value
             # buffer shape; those step backends are replaced by ours at once.
-            with value_buffer_shape_only(runner.token_to_kv_pool):
+            with value_buffer_shape_only(_compressed_planes(runner)):  # a hybrid pool asks its sub-pool
                 multi = compat.TritonMultiStepDraftBackend(runner, factory.topk, factory.speculative_num_steps)
             multi.attn_backends = [
                 CompressedTritonAttnBackend(runner, skip_prefill=True, kv_indptr_buf=multi.kv_indptr[i])
