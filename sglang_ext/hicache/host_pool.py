@@ -53,22 +53,22 @@ class CompressedMHAHostPool(compat.HostKVCache):
         host_token_capacity: int | None = None,
     ):
         fmt = buffer_info.kv_format
-        if draft_buffer_infos:
-            raise NotImplementedError(
-                f"--kv-cache-dtype {fmt.name} with --enable-hierarchical-cache does not support packed draft KV "
-                "layers (MTP speculative decoding) in the host tier yet"
-            )
+        _check_drafts(buffer_info, draft_buffer_infos)
         if layout not in host_pages.HOST_LAYOUTS:
             raise ValueError(
                 f"--kv-cache-dtype {fmt.name}: --hicache-mem-layout {layout!r} is not supported; use one of "
                 f"{', '.join(host_pages.HOST_LAYOUTS)} (page_first becomes page_first_direct with --hicache-io-backend direct)"
             )
         self.kv_format = fmt
-        self.device_layer_planes: tuple[dict[str, torch.Tensor], ...] = buffer_info.layer_planes
+        # The target's layers, then one layer per packed MTP draft pool (SGLang's host layer target_layer_num + depth,
+        # loaded with is_draft=True): the draft's KV pages travel with the target's.
+        self.device_layer_planes: tuple[dict[str, torch.Tensor], ...] = (
+            *buffer_info.layer_planes, *(plane for draft in draft_buffer_infos for plane in draft.layer_planes))
         self.head_num = buffer_info.head_num
         self.head_dim = buffer_info.head_dim
         self.v_head_dim = buffer_info.v_head_dim
-        self.layer_num = self.target_layer_num = len(self.device_layer_planes)
+        self.target_layer_num = len(buffer_info.layer_planes)
+        self.layer_num = len(self.device_layer_planes)
         self.page_size = page_size
         self.plane_specs = fmt.plane_specs()
         # Identifies the page bytes in storage keys (SGLang appends it to the model name).
@@ -148,7 +148,9 @@ class CompressedMHAHostPool(compat.HostKVCache):
     def load_to_device_per_layer(
         self, device_pool, host_indices, device_indices, layer_id, io_backend, *, is_draft: bool = False
     ) -> None:
-        if not 0 <= layer_id < self.layer_num:
+        # As SGLang's MHA host pool: target layers by id; a packed draft layer only when the controller asks for it
+        # (is_draft, layer_id = its host layer).
+        if not 0 <= layer_id < (self.layer_num if is_draft else self.target_layer_num):
             return
         if self._use_kernel(io_backend):
             host_transfer.load_layer(self.host_planes, self.device_layer_planes[layer_id], self.layout, layer_id,
@@ -196,6 +198,29 @@ class CompressedMHAHostPool(compat.HostKVCache):
 
     def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
         return False
+
+
+def _check_drafts(buffer_info: CompressedMHABufferInfo, draft_buffer_infos) -> None:
+    """Packed MTP draft pools (NEXTN with --enable-hierarchical-cache) must hold one layer of the target's format
+    and geometry each, as SGLang's MHA host pool requires of dense drafts."""
+    fmt = buffer_info.kv_format
+    for depth, draft in enumerate(draft_buffer_infos):
+        draft_fmt = getattr(draft, "kv_format", None)
+        if draft_fmt is None or (draft_fmt.name, draft_fmt.head_dim, draft_fmt.rotary_dim) != (
+            fmt.name, fmt.head_dim, fmt.rotary_dim
+        ):
+            raise ValueError(
+                f"--kv-cache-dtype {fmt.name} with --enable-hierarchical-cache: the MTP draft's KV pool is "
+                f"{draft_fmt.name if draft_fmt is not None else 'dense'}; the host tier needs the draft in the "
+                "target's format (leave --speculative-draft-kv-cache-dtype unset)"
+            )
+        geometry = (draft.head_num, draft.head_dim, draft.v_head_dim, len(draft.layer_planes))
+        if geometry != (buffer_info.head_num, buffer_info.head_dim, buffer_info.v_head_dim, 1):
+            raise ValueError(
+                f"--kv-cache-dtype {fmt.name} with --enable-hierarchical-cache: packed MTP draft[{depth}] has "
+                f"(heads, K width, V width, layers) = {geometry}, expected "
+                f"{(buffer_info.head_num, buffer_info.head_dim, buffer_info.v_head_dim, 1)}"
+            )
 
 
 def _prod(shape) -> int:
