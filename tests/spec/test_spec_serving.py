@@ -1,20 +1,25 @@
 """End to end: stock `sglang.launch_server --speculative-algorithm NGRAM | NEXTN` on the CPU platform with
 SmolLM2-135M (float32), against the same model served without speculation.
 
-Greedy: token-for-token identical output on 4 prompts x 64 tokens, and the server's own counters show drafts
-were accepted. Sampling (temperature 0.8): the distribution of the second generated token (the first one a
-verify step decides) over many samples matches the non-speculative server's by a two-sample chi-square test
-at p = 0.001; a verifier that silently took the argmax would make that token a function of the first one,
-which the test also rules out.
+Greedy: token-for-token identical output on 4 prompts x 32 tokens; the server's own counters show that every
+prompt went through verify steps and (NGRAM) that drafts were accepted. Sampling (temperature 0.8): the
+distribution of the second generated token (the first one a verify step decides) over many samples matches the
+non-speculative server's by a two-sample chi-square test at p = 0.001; a verifier that silently took the argmax
+would make that token a function of the first one, which the test also rules out.
 
 Compressed KV (octave_k3v4, default flags): NEXTN chain, NEXTN tree and NGRAM greedy output equals the plain
-server of the same KV format over all 64 tokens of 8 prompts, and drafts are accepted. Verify reads its drafts
-through the lossy format, as decode reads its current token; and over a compressed pool every server computes its
-decode and verify rows in fixed blocks of 4 (platform/batch_invariant.py), so a verify row's K/V codes and logits
-are bitwise the decode row's. Without that (SGLANG_EXT_ROW_INVARIANT=off), verify projects 4 rows per matmul where
-decode projects 1, the two differ in the last float32 bits on this CPU, a 3- or 4-bit code flips now and then
-and the outputs part at a near-tie. No sampling test per format: the rejection sampler does not depend on the KV
-format.
+server of the same KV format over all 32 tokens of 4 prompts, through verify steps (NGRAM: with accepted drafts).
+Verify reads its drafts through the lossy format, as decode reads its current token; and over a compressed pool
+every server computes its decode and verify rows in fixed blocks of 4 (platform/batch_invariant.py), so a verify
+row's K/V codes and logits are bitwise the decode row's. Without that (SGLANG_EXT_ROW_INVARIANT=off), verify
+projects 4 rows per matmul where decode projects 1, the two differ in the last float32 bits on this CPU, a 3- or
+4-bit code flips now and then and the outputs part at a near-tie. No sampling test per format: the rejection
+sampler does not depend on the KV format.
+
+Cost: 8 servers (one per KV format x mode, two plain references), each ~37 s to start and ~5 s to stop on 2
+cores, are most of this file's time. Until 2026-12 the greedy checks ran 4 prompts x 64 tokens (8 x 64 over
+octave_k3v4): 15.5 min alone. With SGLANG_EXT_ROW_INVARIANT=off the compressed checks still fail at these counts
+(2026-12-05: all three modes part from plain at token 30 of the first prompt).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ PROMPTS = (
     "List the days of the week: Monday, Tuesday,",
     "Once upon a time, in a small village by the sea,",
 )
-NEW_TOKENS = 64
+NEW_TOKENS = 32
 # float32 (bf16 is emulated on CPUs without bf16 units); a small fixed pool; the memory fraction only has to
 # admit that pool (SGLang's free-memory profile is noisy on a shared machine).
 BASE_ARGS = ("--dtype", "float32", "--max-total-tokens", "3000", "--mem-fraction-static", "0.95",
@@ -38,8 +43,12 @@ BASE_ARGS = ("--dtype", "float32", "--max-total-tokens", "3000", "--mem-fraction
 NGRAM_ARGS = ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4")
 NEXTN_STEPS = 3
 COMPRESSED_KV_FORMAT = "octave_k3v4"
-COMPRESSED_PROMPTS = (*PROMPTS, "The three primary colours are", "def fibonacci(n):",
-                      "Water boils at a temperature of", "My favourite book is about")
+COMPRESSED_PROMPTS = PROMPTS
+# NEXTN_DRAFTS_REJECTED: the NEXTN servers draft with the untrained fixed-seed MTP layer (mtp_checkpoint.
+# fixed_seed_mtp_weights), whose drafts are never accepted here (measured 2026-12-05, 8 prompts x 32 tokens:
+# spec_num_correct_drafts 0 on every prompt for the float32-KV chain and topk-2 tree and the octave_k3v4 tree). So
+# the NEXTN checks assert that verify ran and equals plain greedy output through its reject-and-correct path;
+# accepted drafts are asserted for NGRAM only.
 SAMPLE_PROMPT = "My favourite animal is the"
 SAMPLES = 400  # per server
 SAMPLE_BATCH = 40
@@ -54,7 +63,7 @@ def generate(server, texts, **sampling) -> list[dict]:
 
 
 def greedy_outputs(server, prompts=PROMPTS) -> list[dict]:
-    # batch 1: the speculative path at its simplest; ignore_eos so every prompt runs all 64 tokens of verify steps
+    # batch 1: the speculative path at its simplest; ignore_eos so every prompt runs all NEW_TOKENS of verify steps
     return [generate(server, [p], ignore_eos=True)[0] for p in prompts]
 
 
@@ -134,14 +143,22 @@ def assert_sampling_matches(server, reference) -> None:
         assert len(spec_given) > 1, f"after token {first} the speculative server always emits {dict(spec_given)}"
 
 
+def assert_verified(outs, what: str) -> None:
+    """Every prompt's tokens after the first came through verify steps (the server's own counter)."""
+    assert all(o["meta_info"].get("spec_verify_ct", 0) > 0 for o in outs), (
+        f"{what}: a prompt ran no verify step: {[o['meta_info'].get('spec_verify_ct') for o in outs]}")
+
+
 def accepted_drafts(outs) -> int:
-    return sum(o["meta_info"]["completion_tokens"] - o["meta_info"]["spec_verify_ct"] for o in outs)
+    # The server's count of accepted drafts. (completion_tokens - spec_verify_ct, used until 2026-12, also counts
+    # the token prefill emits, so it was >= 1 per prompt whether or not a draft was ever accepted.)
+    return sum(o["meta_info"]["spec_num_correct_drafts"] for o in outs)
 
 
 def test_ngram_greedy_identical_and_sampling_matches(server_pool, reference):
     server = server_pool.get(*BASE_ARGS, *NGRAM_ARGS, name="spec-ngram")
     outs = assert_greedy_identical(server, reference)
-    assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in outs)
+    assert_verified(outs, "NGRAM")
     assert accepted_drafts(outs) > 0, "no NGRAM draft was ever accepted"
     assert_sampling_matches(server, reference)
 
@@ -158,7 +175,7 @@ def test_nextn_greedy_identical_and_sampling_matches(server_pool, reference, mtp
     server = server_pool.get(*BASE_ARGS, *nextn_args(mtp_model_dir), name="spec-nextn")
     # The MiMo folder is the base model plus zero q/k/v biases: its plain output is the base model's.
     outs = assert_greedy_identical(server, reference)
-    assert accepted_drafts(outs) > 0, "no MTP draft was ever accepted"
+    assert_verified(outs, "NEXTN")  # drafts: see NEXTN_DRAFTS_REJECTED
     assert_sampling_matches(server, reference)
 
 
@@ -192,7 +209,9 @@ def test_speculative_over_compressed_kv_greedy_identical_by_default(server_pool,
         assert first_diff is None, (
             f"{mode} over {COMPRESSED_KV_FORMAT}, {prompt!r}: speculative output parts from plain at token "
             f"{first_diff}: {got['text']!r} != {want['text']!r}")
-    assert accepted_drafts(outs) > 0, f"no {mode} draft was ever accepted over {COMPRESSED_KV_FORMAT} KV"
+    assert_verified(outs, f"{mode} over {COMPRESSED_KV_FORMAT}")
+    if mode == "ngram":  # NEXTN drafts: see NEXTN_DRAFTS_REJECTED
+        assert accepted_drafts(outs) > 0, f"no {mode} draft was ever accepted over {COMPRESSED_KV_FORMAT} KV"
 
 
 def test_nextn_topk2_tree_greedy_identical(server_pool, reference, mtp_model_dir):
@@ -200,4 +219,4 @@ def test_nextn_topk2_tree_greedy_identical(server_pool, reference, mtp_model_dir
     # (draft_backends.draft_step_slots), and verify applies the tree mask.
     server = server_pool.get(*BASE_ARGS, *nextn_args(mtp_model_dir, topk=2, draft_tokens=6), name="spec-nextn-topk2")
     outs = assert_greedy_identical(server, reference)
-    assert accepted_drafts(outs) > 0, "no tree draft was ever accepted"
+    assert_verified(outs, "NEXTN topk 2")  # drafts: see NEXTN_DRAFTS_REJECTED
