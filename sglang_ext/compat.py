@@ -293,6 +293,33 @@ HOOK_DRAFT_BACKEND_FACTORY_CREATE = "sglang.srt.speculative.draft_utils.DraftBac
 _LAZY["TritonMultiStepDraftBackend"] = "sglang.srt.layers.attention.triton_backend:TritonMultiStepDraftBackend"
 _LAZY["TorchNativeAttnBackend"] = "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend"
 _LAZY["KVWriteLoc"] = "sglang.srt.mem_cache.memory_pool:KVWriteLoc"
+# --- SGLang's Triton kernels built ahead of time (platform/sglang_triton_targets.py) ---------------------------
+# The launchers portable_gpu's served paths call (Triton attention backend, fused MoE runner, Gated DeltaNet backend);
+# the ahead-of-time build calls each on CPU tensors and records the Triton launches they make.
+SGLANG_TRITON_LAUNCHERS = {
+    "decode_attention_fwd": "sglang.kernels.ops.attention.decode_attention.decode_attention_fwd",
+    "extend_attention_fwd": "sglang.kernels.ops.attention.extend_attention.extend_attention_fwd",
+    "invoke_fused_moe_kernel": "sglang.kernels.ops.moe.fused_moe_triton_kernels.invoke_fused_moe_kernel",
+    "moe_align_small_numel": "sglang.kernels.ops.moe.moe_align_small_numel.moe_align_small_numel",
+    # Triton backend metadata: per-request KV split count, KV index gather (JIT functions, launched as kernel[grid])
+    "get_num_kv_splits_triton": "sglang.kernels.ops.attention.metadata.get_num_kv_splits_triton",
+    "create_flashinfer_kv_indices_triton": "sglang.kernels.ops.attention.kv_indices.create_flashinfer_kv_indices_triton",
+    # Qwen3.5 layers: q/k norm + RoPE + gate (CUDA), q/k norm + gate (ROCm), output gate, GDN split, gated RMSNorm
+    "fused_qk_gemma_rmsnorm_rope_gate":
+        "sglang.kernels.ops.attention.fused_qk_rmsnorm_rope_gate.fused_qk_gemma_rmsnorm_rope_gate",
+    "fused_qk_gemma_rmsnorm_with_gate": "sglang.srt.models.utils.fused_qk_gemma_rmsnorm_with_gate",
+    **{name: GDN_KERNEL_TARGETS[name] for name in (
+        "causal_conv1d_fn", "causal_conv1d_update", "fused_gdn_gating", "chunk_gated_delta_rule",
+        "fused_recurrent_gated_delta_rule_packed_decode", "fused_sigmoid_gating_delta_rule_update",
+        "fused_sigmoid_mul", "fused_qkvzba_split_reshape_cat_contiguous", "layernorm_fn")},
+}
+# Packages whose modules read the device at import into the globals below, which pick launch parameters (block
+# sizes, warps, PDL, HIP-only options); the build sets them to each target's values while it records.
+SGLANG_TRITON_KERNEL_PACKAGES = ("sglang.kernels.ops.",)
+SGLANG_TRITON_DEVICE_FLAGS = ("_is_hip", "_is_cuda", "CUDA_CAPABILITY", "_is_gfx95", "_is_gfx1250", "_is_sm90",
+                              "_is_sm103", "_is_sm107", "is_amd", "is_nvidia", "is_nvidia_hopper",
+                              "is_tf32_supported", "use_cuda_graph", "is_arch_support_pdl",
+                              "custom_device_ctx", "device_context", "_get_sm_count", "_lean_num_cus")
 # --- call signatures our hooks were written for (checked by tests/test_compat.py with inspect.signature) ---------
 # Every SGLang function sglang-ext hooks, replaces or patches at import, as inspect.signature shows it on the
 # module or class (a classmethod / staticmethod without cls), annotations dropped. A SGLang bump that changes one

@@ -1,16 +1,19 @@
 """Ahead-of-time compile every kernel for the GPU targets we claim, without a GPU:
 
-    python -m sglang_ext.kernels.targets [--target cuda:80 ...] [--json]
+    python -m sglang_ext.kernels.targets [--target cuda:80 ...] [--group sglang-ext|sglang ...] [--json]
 
-Targets: cuda sm_80 (A100), sm_86 (RTX 30xx / A10), sm_90 (H100 / H200) and hip gfx1100 (RDNA3). Each kernel is
-compiled in every variant the launchers use (per format kind and head_dim layout) through
-triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget(...)). Prints a table; exits 1 if any
+Targets: cuda sm_80 (A100), sm_86 (RTX 30xx / A10), sm_90 (H100 / H200) and hip gfx1100 (RDNA3). Groups:
+"sglang-ext", the kernels of this package, each compiled in every variant the launchers use (per format kind and
+head_dim layout) through triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget(...)); "sglang",
+SGLang's own Triton kernels on the portable_gpu platform's served paths, listed outside this package's core
+(GROUPS names the module; it imports SGLang). Prints a table with a summary per group and target; exits 1 if any
 compile failed. Must run with TRITON_INTERPRET unset (the interpreter replaces the JIT functions).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -159,6 +162,12 @@ def _mma_variants():
         for d in (64, 128, 256) for n in (16, 32)]
 
 
+# Variant groups. A group other than ours is "module:function"; the function takes (target name, the --only strings)
+# and returns [(label, compile thunk or None, why skipped)] for the labels that contain one of them (all when none).
+# It is loaded only when the group is asked for, so importing this module never imports SGLang.
+OURS = "sglang-ext"
+GROUPS = {OURS: None, "sglang": "sglang_ext.platform.sglang_triton_targets:compile_jobs"}
+
 BACKENDS = "_backends"  # a variant's options key: the backends it is built for (others are listed as skipped)
 
 
@@ -227,40 +236,76 @@ def compile_one(fn, spec: dict, target, options: dict | None = None, target_name
     triton.compile(ASTSource(fn, signature, constexprs), target=target, options=options or None)
 
 
+def _our_jobs(tname: str, only: tuple[str, ...]) -> list:
+    """[(label, compile thunk or None, why skipped)] of this package's variants for one target."""
+    from triton.backends.compiler import GPUTarget
+
+    jobs = []
+    for label, fn, spec, options in _variants():
+        if not selected(label, only):
+            continue
+        if TARGETS[tname][0] not in options.get(BACKENDS, (TARGETS[tname][0],)):
+            jobs.append((label, None, f"built for {', '.join(options[BACKENDS])} only"))
+            continue
+        jobs.append((label, lambda fn=fn, spec=spec, options=options: compile_one(
+            fn, spec, GPUTarget(*TARGETS[tname]), options, tname), ""))
+    return jobs
+
+
+def selected(label: str, only: tuple[str, ...]) -> bool:
+    """Whether --only (no strings: everything) selects a variant label."""
+    return not only or any(o in label for o in only)
+
+
+def _group_jobs(group: str):
+    if GROUPS[group] is None:
+        return _our_jobs
+    module, _, function = GROUPS[group].partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglang_ext.kernels.targets", description=__doc__)
     ap.add_argument("--target", action="append", choices=sorted(TARGETS), help="default: all")
-    ap.add_argument("--only", default="", help="compile only variants whose label contains this")
+    ap.add_argument("--group", action="append", choices=list(GROUPS), help="default: all")
+    ap.add_argument("--only", action="append", default=[],
+                    help="compile only variants whose label contains this (repeatable: any of them)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("error: unset TRITON_INTERPRET (the interpreter replaces the kernels' JIT functions)", file=sys.stderr)
         return 2
-    from triton.backends.compiler import GPUTarget
 
     targets = args.target or list(TARGETS)
     rows = []
-    for label, fn, spec, options in _variants():
-        if args.only not in label:
-            continue
+    for group in args.group or list(GROUPS):
+        jobs_for = _group_jobs(group)
         for tname in targets:
-            t0 = time.time()
-            if TARGETS[tname][0] not in options.get(BACKENDS, (TARGETS[tname][0],)):
+            for label, compile_it, skipped in jobs_for(tname, tuple(args.only)):
+                if compile_it is None:
+                    if not args.json:
+                        print(f"{label:<32} {tname:<12} skipped ({skipped})")
+                    continue
+                t0 = time.time()
+                try:
+                    compile_it()
+                    status = "ok"
+                except Exception as e:  # noqa: BLE001 - every failure is reported in the table and the exit code
+                    status = f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+                rows.append({"group": group, "kernel": label, "target": tname, "status": status,
+                             "seconds": round(time.time() - t0, 2)})
                 if not args.json:
-                    print(f"{label:<32} {tname:<12} skipped (built for {', '.join(options[BACKENDS])} only)")
-                continue
-            try:
-                compile_one(fn, spec, GPUTarget(*TARGETS[tname]), options, tname)
-                status = "ok"
-            except Exception as e:  # noqa: BLE001 - every failure is reported in the table and the exit code
-                status = f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-            rows.append({"kernel": label, "target": tname, "status": status, "seconds": round(time.time() - t0, 2)})
-            if not args.json:
-                print(f"{label:<32} {tname:<12} {status:<6} {rows[-1]['seconds']:>6.2f}s", flush=True)
+                    print(f"{label:<32} {tname:<12} {status:<6} {rows[-1]['seconds']:>6.2f}s", flush=True)
     failed = [r for r in rows if r["status"] != "ok"]
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
+        for group in dict.fromkeys(r["group"] for r in rows):
+            for tname in targets:
+                mine = [r for r in rows if r["group"] == group and r["target"] == tname]
+                bad = sum(r["status"] != "ok" for r in mine)
+                if mine:
+                    print(f"{group} {tname}: {len(mine) - bad} compiled, {bad} failed")
         print(f"{len(rows) - len(failed)} compiled, {len(failed)} failed")
     return 1 if failed or not rows else 0
 
