@@ -312,6 +312,9 @@ SGLANG_TRITON_LAUNCHERS = {
         "causal_conv1d_fn", "causal_conv1d_update", "fused_gdn_gating", "chunk_gated_delta_rule",
         "fused_recurrent_gated_delta_rule_packed_decode", "fused_sigmoid_gating_delta_rule_update",
         "fused_sigmoid_mul", "fused_qkvzba_split_reshape_cat_contiguous", "layernorm_fn")},
+    # the kernels of GDN_KERNEL_TARGETS' Mamba state scatters (their launchers refuse CPU tensors)
+    **{f"_{name}_kernel": f"{GDN_KERNEL_TARGETS[name].rpartition('.')[0]}._{name}_kernel" for name in (
+        "fused_mamba_state_scatter_with_mask", "fused_conv_window_scatter_with_mask")},
 }
 # Packages whose modules read the device at import into the globals below, which pick launch parameters (block
 # sizes, warps, PDL, HIP-only options); the build sets them to each target's values while it records.

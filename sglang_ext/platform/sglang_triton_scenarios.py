@@ -4,7 +4,8 @@ CPU tensors: what platform/sglang_triton_targets.py records and builds ahead of 
 Served shapes: dense attention at head_dim 128 (32 q / 8 kv heads, and 8 / 8 for SGLang's MHA kernel) and 256
 (16 q / 2 kv, Qwen3.5's full-attention layers), pages of 1 and 16 tokens, bf16; Qwen3-30B-A3B's fused MoE
 (128 experts, top-8, 2048 -> 768) with SGLang's default configs for decode and prefill batches; Qwen3.5's Gated
-DeltaNet layers (16 k / 32 v heads of 128, conv width 4).
+DeltaNet layers (16 k / 32 v heads of 128, conv width 4), with the speculative target-verify variants (4 draft
+tokens, chain and tree).
 
 A scenario runs only under sglang_triton_targets' recording (Triton's launches recorded, not run).
 """
@@ -183,10 +184,58 @@ def _gdn_scenarios():
             initial_state_indices=torch.tensor([0, 1], dtype=i32),
             cu_seqlens=torch.arange(0, tokens + 1, tokens // 2, dtype=i32), use_qk_l2norm_in_kernel=True)
 
+    def conv_verify(tree, bs=2, draft=4):
+        # speculative target verify (NEXTN / MTP): each draft token's conv window saved; a tree walks retrieve_*
+        links = {name: torch.zeros(bs, draft, dtype=torch.int64) if tree else None
+                 for name in ("retrieve_next_token", "retrieve_next_sibling", "retrieve_parent_token")}
+        _launcher("causal_conv1d_update")(
+            torch.empty(bs, conv_dim, draft, dtype=bf16), torch.zeros(slots, conv_dim, width - 1, dtype=bf16),
+            torch.empty(conv_dim, width, dtype=bf16), None, "silu", conv_state_indices=torch.tensor([0, 1], dtype=i32),
+            intermediate_conv_window=torch.zeros(slots + 1, draft, conv_dim, width - 1, dtype=bf16),
+            intermediate_state_indices=torch.tensor([0, 1], dtype=i32), **links)
+
+    def gating_verify(tree, bs=2, draft=4):
+        tokens = bs * draft
+        _launcher("fused_sigmoid_gating_delta_rule_update")(
+            A_log=torch.empty(hv, dtype=f32), a=torch.empty(tokens, hv, dtype=bf16),
+            dt_bias=torch.empty(hv, dtype=f32), softplus_beta=1.0, softplus_threshold=20.0,
+            q=torch.empty(1, tokens, hk, d, dtype=bf16), k=torch.empty(1, tokens, hk, d, dtype=bf16),
+            v=torch.empty(1, tokens, hv, d, dtype=bf16), b=torch.empty(tokens, hv, dtype=bf16),
+            initial_state_source=torch.zeros(slots, hv, d, d, dtype=f32),
+            initial_state_indices=torch.tensor([0, 1], dtype=i32),
+            cu_seqlens=torch.arange(0, tokens + 1, draft, dtype=i32), use_qk_l2norm_in_kernel=True,
+            disable_state_update=True, intermediate_states_buffer=torch.zeros(slots + 1, draft, hv, d, d, dtype=f32),
+            intermediate_state_indices=torch.tensor([0, 1], dtype=i32), cache_steps=draft,
+            retrieve_parent_token=torch.zeros(bs, draft, dtype=torch.int64) if tree else None)
+
+    # After the verify the accepted step's states go into the pool (one layer here). The launchers refuse non-GPU
+    # tensors, so their kernels are launched here as the launchers launch them (mamba_state_scatter_triton.py).
+    def commit_ssm(draft=4):
+        src, dst = torch.zeros(1, slots + 1, draft, hv, d, d, dtype=f32), torch.zeros(1, slots, hv, d, d, dtype=f32)
+        rows = torch.tensor([0, 1], dtype=i32)
+        _launcher("_fused_mamba_state_scatter_with_mask_kernel")[(2, 1, d * d * hv // 1024)](
+            src, dst, rows, torch.tensor([1, 3], dtype=i32), rows, hv * d * d, src.stride(0), src.stride(1),
+            src.stride(2), dst.stride(0), dst.stride(1), slots + 1, draft, slots, BLOCK_SIZE=1024)
+
+    def commit_conv(draft=4):
+        # the deduplicated window cache: step t's window is shared[..., t:t + width - 1]
+        shared = torch.zeros(1, slots + 1, conv_dim, draft + width - 2, dtype=bf16)
+        src = shared.as_strided((1, slots + 1, draft, conv_dim, width - 1),
+                                (shared.stride(0), shared.stride(1), 1, shared.stride(2), 1))
+        dst, rows = torch.zeros(1, slots, conv_dim, width - 1, dtype=bf16), torch.tensor([0, 1], dtype=i32)
+        _launcher("_fused_conv_window_scatter_with_mask_kernel")[(2, 1, 1)](
+            src, dst, rows, torch.tensor([1, 3], dtype=i32), rows, conv_dim * (width - 1), width - 1,
+            *src.stride(), dst.stride(0), dst.stride(1), slots + 1, draft, slots, BLOCK_SIZE=1024)
+
     tag = f"hk{hk} hv{hv} d{d}"
+    verify = {f"gdn {name} verify {shape} {tag}": (lambda call=call, tree=tree: call(tree))
+              for name, call in (("conv1d", conv_verify), ("sigmoid-gating", gating_verify))
+              for shape, tree in (("chain", False), ("tree", True))}
+    verify[f"gdn verify commit ssm-state {tag}"] = commit_ssm
+    verify[f"gdn verify commit conv-window {tag}"] = commit_conv
     return {f"gdn conv1d prefill {tag}": conv_prefill, f"gdn conv1d decode {tag}": conv_decode,
             f"gdn gating {tag}": gating, f"gdn chunk prefill {tag}": chunk,
-            f"gdn packed decode {tag}": packed_decode, f"gdn sigmoid-gating decode {tag}": sigmoid_gating}
+            f"gdn packed decode {tag}": packed_decode, f"gdn sigmoid-gating decode {tag}": sigmoid_gating, **verify}
 
 
 def _qwen3_5_layer_scenarios():

@@ -14,7 +14,8 @@ import subprocess
 import sys
 
 _ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-_SUBSET = ("q32 kv8 d128 page1 ", "fused_moe up decode", "gdn conv1d", "gdn packed decode", "qwen3_5")
+_SUBSET = ("q32 kv8 d128 page1 ", "fused_moe up decode", "gdn conv1d prefill", "gdn conv1d decode", "gdn packed decode",
+           "qwen3_5")
 
 
 def _command(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
