@@ -222,3 +222,57 @@ def test_sglang_platform_variable_names_entry_points_only(monkeypatch):
         platforms._resolve_platform()
     monkeypatch.setenv(env.SGLANG_PLATFORM, PLATFORM_NAME)
     assert "sglang-ext" not in plugins._get_excluded_dists()
+
+
+def _reference_align(topk_ids: torch.Tensor, buckets: int, block: int) -> tuple[list[int], list[int]]:
+    """moe_align_block_size's contract in plain Python: pairs grouped by bucket (expert id + 1) in index order, each
+    bucket padded with `numel` to a block multiple, one expert id (bucket - 1) per block."""
+    flat = [int(i) + 1 for i in topk_ids.reshape(-1)]
+    sorted_ids, experts = [], []
+    for b in range(buckets):
+        pairs = [i for i, x in enumerate(flat) if x == b]
+        padded = -(-len(pairs) // block) * block
+        sorted_ids += pairs + [len(flat)] * (padded - len(pairs))
+        experts += [b - 1] * (padded // block)
+    return sorted_ids, experts
+
+
+def _align_buffers(numel: int, experts: int, block: int):
+    """The buffers SGLang's moe_align_block_size wrapper allocates (filled with junk to catch unwritten slots)."""
+    padded = numel * block if numel < experts + 1 else numel + (experts + 1) * (block - 1)
+    padded = (padded + 3) // 4 * 4
+    return (torch.full((padded,), -7, dtype=torch.int32), torch.full((-(-padded // block),), -7, dtype=torch.int32),
+            torch.full((1,), -7, dtype=torch.int32), torch.full((experts + 2,), -7, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("tokens,topk,experts,block,filtered", [
+    (1, 8, 128, 16, 0.0), (5, 2, 8, 16, 0.3), (300, 8, 64, 64, 0.1), (2048, 8, 128, 128, 0.0)])
+def test_moe_align_block_size(tokens, topk, experts, block, filtered):
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.randint(0, experts, (tokens, topk), generator=g, dtype=torch.int32)
+    ids[torch.rand(ids.shape, generator=g) < filtered] = -1  # expert-parallel filtered pairs
+    sorted_ids, expert_ids, total, cumsum = _align_buffers(ids.numel(), experts, block)
+    gpu_ops.moe_align_block_size(ids, experts + 1, block, sorted_ids, expert_ids, total, cumsum, True)
+    want_sorted, want_experts = _reference_align(ids, experts + 1, block)
+    n = int(total[0])
+    assert n == len(want_sorted) == int(cumsum[experts + 1])
+    assert sorted_ids[:n].tolist() == want_sorted
+    assert expert_ids[: n // block].tolist() == want_experts and (expert_ids[n // block:] == -1).all()
+    assert (sorted_ids[n:] == ids.numel()).all()
+    with pytest.raises(NotImplementedError, match="ignore_invalid_expert=True is not provided by the portable_gpu"):
+        gpu_ops.moe_align_block_size(ids, experts + 1, block, sorted_ids, expert_ids, total, cumsum, True, True)
+
+
+def test_moe_align_block_size_matches_sglang_triton_kernel():
+    """SGLang's own single-launch Triton align (its CUDA small-batch path, same contract, same in-bucket order) under
+    the interpreter: equal outputs below the padded total."""
+    from sglang.kernels.ops.moe.moe_align_small_numel import moe_align_small_numel
+
+    ids = torch.randint(0, 256, (6, 8), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    ids[0, :3] = -1
+    ours, theirs = _align_buffers(ids.numel(), 256, 16), _align_buffers(ids.numel(), 256, 16)
+    gpu_ops.moe_align_block_size(ids, 257, 16, *ours, True)
+    moe_align_small_numel(ids, 257, 16, *theirs[:3])
+    n = int(theirs[2][0])
+    assert int(ours[2][0]) == n
+    assert torch.equal(ours[0][:n], theirs[0][:n]) and torch.equal(ours[1][: n // 16], theirs[1][: n // 16])
