@@ -19,6 +19,8 @@ which a CPU server does not have.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from sglang_ext import compat
@@ -41,6 +43,8 @@ def _patch_ngram_embedding(module, ssd_backend: str) -> None:
     original_init, original_forward = ngram_cls.__init__, ngram_cls.forward
     original_consume = getattr(layer_cls, compat.QWEN4_CONSUME_PREFETCHED)
 
+    # functools.wraps: the patched methods keep SGLang's signatures for inspect (compat's signature check)
+    @functools.wraps(original_init)
     def __init__(self, config, embedding_dim, *args, **kwargs) -> None:
         offload = config.ple_offload_embedding
         if getattr(config, "ple_offload_backend", None) == ssd_backend:
@@ -51,9 +55,11 @@ def _patch_ngram_embedding(module, ssd_backend: str) -> None:
             config.ple_offload_embedding = offload
         self.served_dtype = torch.get_default_dtype()
 
+    @functools.wraps(original_forward)
     def forward(self, batch, forward_batch):
         return original_forward(self, batch, forward_batch).to(self.served_dtype)
 
+    @functools.wraps(original_consume)
     def consume_prefetched(self, forward_batch):
         return original_consume(self, forward_batch).to(self.ple_embedding.served_dtype)
 

@@ -16,6 +16,7 @@ declared in `sglang_ext/env.py` (`PLE_*`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import typing
@@ -145,6 +146,7 @@ def _patch_gemma3n(module) -> None:
     cls = getattr(module, compat.GEMMA3N_TEXT_MODEL)
     original_init = cls.__init__
 
+    @functools.wraps(original_init)  # SGLang's signature stays visible to inspect (compat's signature check)
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         original_init(self, config, quant_config=quant_config, prefix=prefix)
         if selected_backend() != BACKEND:
@@ -172,6 +174,7 @@ def _patch_qwen4(module) -> None:
     top = getattr(module, compat.QWEN4_TOP_MODEL)
     original_load = top.load_weights
 
+    @functools.wraps(original_load)
     def load_weights(self, weights):
         ssd = {name: m for name, m in self.named_modules() if isinstance(getattr(m, "ngram_embedding", None), ssd_cls)
                and getattr(m.ngram_embedding, "_ssd_pending", False)}
