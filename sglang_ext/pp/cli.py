@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--decode-batch", type=int, default=32, help="sequences per decode step for the time model")
     plan.add_argument("--context-tokens", type=int, default=4096, help="context length for the time model")
+    plan.add_argument("--paged-experts-num-resident", type=int, default=None,
+                      help="as SGLang's flag with --enable-paged-experts: count K routed experts per MoE layer")
     return parser
 
 
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         mem_fraction_static=args.mem_fraction_static,
         decode_batch=args.decode_batch,
         context_tokens=args.context_tokens,
+        paged_experts_num_resident=args.paged_experts_num_resident,
     )
     shape = load_shape(args.model_path)
     print(render(shape, args.gpus, opts, plan_gpus(shape, args.gpus, opts, tp=args.tp)))

@@ -20,6 +20,9 @@ the number of requests whose state fits (`mamba_slots`) falls as max_s B_s grows
      the stage reads, its lm_head, and the KV it reads for `decode_batch` sequences of `context_tokens`),
      ties to the smaller sum of T_s^2.
 Hard constraints: stage s owns a contiguous, non-empty layer range; layers reading raw input ids on stage 0.
+
+Paged MoE experts (`--enable-paged-experts --paged-experts-num-resident K`): a MoE layer keeps K of its E routed
+experts on the GPU (the rest live in host memory), so W_s counts K/E of each MoE layer's routed-expert bytes.
 """
 
 from __future__ import annotations
@@ -77,12 +80,15 @@ class PlanOptions:
     capacity_slack: float = 0.02
     mamba_full_memory_ratio: float = 0.9  # SGLang's default: hybrid models give the state pool r/(1+r) of it
     max_mamba_cache_size: int | None = None  # --max-mamba-cache-size: a fixed state pool of that many requests
+    paged_experts_num_resident: int | None = None  # --paged-experts-num-resident with --enable-paged-experts
 
     def __post_init__(self):
         if self.gpu_mem_gib is not None and (not self.gpu_mem_gib or min(self.gpu_mem_gib) <= 0):
             raise ValueError(f"gpu_mem_gib must be positive GiB values, got {self.gpu_mem_gib}")
         if not 0 <= self.capacity_slack < 1:
             raise ValueError(f"capacity_slack must be in [0, 1), got {self.capacity_slack}")
+        if self.paged_experts_num_resident is not None and self.paged_experts_num_resident < 1:
+            raise ValueError(f"paged_experts_num_resident must be >= 1, got {self.paged_experts_num_resident}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +125,12 @@ class _StageModel:
             )
             self.kv_tok_layer = kv_heads * per_head
         touched = shape.touched_expert_fraction(opts.decode_batch)
-        self.w = _prefix([b / tp for b in shape.layer_weight_bytes])
+        resident = 1.0  # share of each MoE layer's routed experts held in GPU memory
+        if opts.paged_experts_num_resident is not None and shape.num_experts:
+            resident = min(opts.paged_experts_num_resident, shape.num_experts) / shape.num_experts
+        self.w = _prefix(
+            [(b - r + r * resident) / tp for b, r in zip(shape.layer_weight_bytes, shape.layer_routed_bytes)]
+        )
         self.read = _prefix(
             [(b - r + r * touched) / tp for b, r in zip(shape.layer_weight_bytes, shape.layer_routed_bytes)]
         )

@@ -112,6 +112,9 @@ def resolve_partition(value: str | tuple[int, ...], args: argparse.Namespace) ->
         kv_cache_dtype=str(getattr(args, "kv_cache_dtype", "auto") or "auto"),
         mem_fraction_static=getattr(args, "mem_fraction_static", None),
         max_mamba_cache_size=getattr(args, "max_mamba_cache_size", None),
+        paged_experts_num_resident=(
+            getattr(args, "paged_experts_num_resident", None) if getattr(args, "enable_paged_experts", False) else None
+        ),
     )
     plan = plan_partition(shape, tp, pp, opts)
     default = evaluate_default(shape, tp, pp, opts)

@@ -45,6 +45,26 @@ def test_moe_active_parameters(shape_of):
     assert abs(active / 3.3e9 - 1) < 0.03, f"active params {active:.4g}, published 3.3e9"
 
 
+def test_paged_experts_count_resident_experts_only(shape_of):
+    # --enable-paged-experts --paged-experts-num-resident K: each MoE layer holds K of its E routed experts on the
+    # GPU, so a stage's weights are its non-routed bytes plus K/E of its routed bytes, and the KV pool gains the rest
+    shape = shape_of("qwen3_30b_a3b")
+    whole = PlanOptions(gpu_mem_gib=(24.0,) * 2)
+    paged = PlanOptions(gpu_mem_gib=(24.0,) * 2, paged_experts_num_resident=32)
+    a, b = evaluate_partition(shape, 1, (24, 24), whole), evaluate_partition(shape, 1, (24, 24), paged)
+    routed = [sum(shape.layer_routed_bytes[i:j]) / GIB for i, j in ((0, 24), (24, 48))]
+    for s in range(2):
+        expected = a.weight_gib[s] - routed[s] * (1 - 32 / 128)
+        assert abs(b.weight_gib[s] - expected) < 1e-9, f"stage {s}: {b.weight_gib[s]} GiB, by hand {expected}"
+    assert a.capacity == 0 < b.capacity, f"all experts: {a.capacity} tokens; 32 of 128 resident: {b.capacity}"
+    assert plan_partition(shape, 1, 2, paged).capacity >= b.capacity
+    # K >= E is no paging
+    full = PlanOptions(gpu_mem_gib=(24.0,) * 2, paged_experts_num_resident=500)
+    assert evaluate_partition(shape, 1, (24, 24), full).weight_gib == a.weight_gib
+    with pytest.raises(ValueError, match="paged_experts_num_resident"):
+        PlanOptions(paged_experts_num_resident=0)
+
+
 def test_hybrid_and_partial_rope_read_from_config(shape_of):
     shape = shape_of("qwen3_5_27b_like")
     assert shape.num_kv_layers == 16, f"{shape.num_kv_layers} KV layers"

@@ -67,6 +67,22 @@ def test_auto_uses_device_memory_when_known(prepare, config_dir, monkeypatch):
     assert os.environ[ENV] == ",".join(map(str, expected.partition)) != "21,21,22", os.environ.get(ENV)
 
 
+def test_auto_with_paged_experts_counts_resident_experts(prepare, config_dir, monkeypatch):
+    import os
+
+    monkeypatch.setattr("sglang_ext.pp.server_args.visible_gpu_memory_gib", lambda: (24.0, 16.0))
+    path = config_dir("qwen3_30b_a3b")
+    prepare(["--model-path", path, "--pp-size", "2", "--pp-layer-partition", "auto", "--enable-paged-experts",
+             "--paged-experts-num-resident", "32"])
+    from sglang_ext.pp import PlanOptions, load_shape, plan_partition
+
+    shape = load_shape(path)
+    expected = plan_partition(shape, 1, 2, PlanOptions(gpu_mem_gib=(24.0, 16.0), paged_experts_num_resident=32))
+    unpaged = plan_partition(shape, 1, 2, PlanOptions(gpu_mem_gib=(24.0, 16.0)))
+    assert expected.partition != unpaged.partition, "the test needs a split that paging changes"
+    assert os.environ[ENV] == ",".join(map(str, expected.partition)), os.environ.get(ENV)
+
+
 @pytest.mark.parametrize(
     "value, message",
     [
