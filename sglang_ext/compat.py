@@ -486,7 +486,8 @@ HOOK_PAGED_PLAN_WAVES = f"{PAGED_EXPERTS_MODULE}.residency.plan_waves"
 # here are lifted (sglang_ext/moe/sglang_glue.py), word for word as SGLang 0.5.23 writes them.
 HOOK_PAGED_CHECK_COMPAT = f"{PAGED_EXPERTS_MODULE}.method.check_paged_experts_compat"
 PAGED_REFUSAL_PREFIX = "Paged experts: "
-PAGED_LIFTED_REFUSALS: tuple[str, ...] = ("--tp-size must be 1 (single GPU only)",)
+PAGED_LIFTED_REFUSALS: tuple[str, ...] = ("--tp-size must be 1 (single GPU only)",
+                                          "--pp-size must be 1 (single GPU only)")
 _LAZY["PagedTritonContract"] = f"{PAGED_EXPERTS_MODULE}.runners:TritonContract"
 _LAZY["PagedUnquantizedFormat"] = f"{PAGED_EXPERTS_MODULE}.formats:UnquantizedFormat"
 _LAZY["StandardCombineInput"] = "sglang.srt.layers.moe.token_dispatcher:StandardCombineInput"

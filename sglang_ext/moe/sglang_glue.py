@@ -103,7 +103,10 @@ def _check_compat(original, layer, expert_format):
     Lifted: --tp-size > 1. Each rank builds its own host store through SGLang's per-expert loader, which shards as
     without paging; every rank routes the same replicated hidden states with the same router weights, so every
     rank's LRU places and loads the same experts with no collective of its own (tests/moe/test_paged_tp.py checks
-    the two ranks' traces are identical); the layer's usual all-reduce sums the ranks' partial outputs."""
+    the two ranks' traces are identical); the layer's usual all-reduce sums the ranks' partial outputs.
+    Lifted: --pp-size > 1. A stage creates only its own layers (SGLang's make_layers), so each stage builds host
+    stores, slot tables and LRU state for its layers alone and pages them between its own forward passes; nothing
+    of paging crosses a stage boundary (tests/moe/test_paged_pp.py: each stage's trace holds only its layers)."""
     try:
         original(layer=layer, expert_format=expert_format)
     except RuntimeError as exc:
@@ -116,9 +119,9 @@ def _check_compat(original, layer, expert_format):
             raise RuntimeError(compat.PAGED_REFUSAL_PREFIX + "; ".join(left) + f" ({SUPPORTED})") from None
 
 
-SUPPORTED = ("supported: one GPU or --tp-size N (each rank pages its own shard of every expert; also on the cpu "
-             "platform), the expert formats SGLang lists, triton or Marlin runner; --pp-size, --ep-size, --dp-size > 1 "
-             "and speculative decoding are not")
+SUPPORTED = ("supported: one GPU, --tp-size N (each rank pages its own shard of every expert) and --pp-size N (each "
+             "stage pages its own layers), also on the cpu platform; the expert formats SGLang lists, triton or Marlin "
+             "runner; --ep-size, --dp-size > 1 and speculative decoding are not")
 
 
 # --- trace ---------------------------------------------------------------------------------------------------
@@ -160,7 +163,7 @@ def register() -> list[str]:
         hook_chain.register(compat.HOOK_PAGED_MAKE_FOR_LAYER, _make_for_layer, compat.HookType.AROUND)
         done.append("paged experts (torch, pageable store) on the cpu platform")
     hook_chain.register(compat.HOOK_PAGED_CHECK_COMPAT, _check_compat, compat.HookType.AROUND)
-    done.append("paged experts with --tp-size")
+    done.append("paged experts with --tp-size, --pp-size")
     if os.environ.get(PAGED_EXPERTS_TRACE):
         hook_chain.register(compat.HOOK_PAGED_AFTER_LOADING, _record_store, compat.HookType.AFTER)
         hook_chain.register(compat.HOOK_PAGED_PLAN_WAVES, _record_waves, compat.HookType.AFTER)

@@ -1,4 +1,4 @@
-"""The paged-experts glue without a server: the lifted refusal (--tp-size) passes, the others are kept and name what
+"""The paged-experts glue without a server: the lifted refusals (--tp-size, --pp-size) pass, the others are kept and name what
 is supported, and the text the glue matches is still what SGLang 0.5.23 writes."""
 
 import inspect
@@ -26,9 +26,9 @@ def test_lifted_refusal_passes(lifted):
 
 def test_lifted_refusal_does_not_hide_others():
     with pytest.raises(RuntimeError) as info:
-        sglang_glue._check_compat(_raising(*compat.PAGED_LIFTED_REFUSALS, "--pp-size must be 1 (single GPU only)"),
+        sglang_glue._check_compat(_raising(*compat.PAGED_LIFTED_REFUSALS, "--ep-size must be 1 (single GPU only)"),
                                   layer=None, expert_format=None)
-    assert str(info.value).startswith(compat.PAGED_REFUSAL_PREFIX + "--pp-size must be 1 (single GPU only) (")
+    assert str(info.value).startswith(compat.PAGED_REFUSAL_PREFIX + "--ep-size must be 1 (single GPU only) (")
 
 
 def test_accepted_configuration_passes():
