@@ -422,7 +422,7 @@ def decode_attention(fmt: KVFormat, q: torch.Tensor, planes: dict[str, torch.Ten
     same as tree_mask_bits' int32 [B * q_len].
     num_kv_splits: int32 [B] splits per request (each <= max_kv_splits); None = the same count for all: on a
     GPU with fill_waves, the count <= max_kv_splits that wave_splits' model of waves x loop iterations
-    prefers for the mean length kv_indices.shape[0] / B, else max_kv_splits.
+    prefers for the mean length (seq_lens_sum / B), else max_kv_splits.
     dot_bf16: feed the tensor-core dots bf16 operands (q, tile values, probabilities; scales stay float32);
     None = on a GPU, not under the CPU interpreter (where float32 keeps tests exact). block_n: tokens per loop
     iteration, num_warps, min_rows (query rows of a program's dots at least: a group's q_len x group rows, padded

@@ -12,20 +12,14 @@ tokens of all q heads of one KV head (GQA), so each prefix tile is decoded once 
 
 Prefix scratch (compressed formats): the direct kernel decodes every prefix tile once per query block, i.e.
 max_len_extend / block_m times (128 times for 4096 new tokens at d128), and octave decoding is
-instruction-heavy. When `scratch_plan` says so, the launcher instead dequantizes the prefix once per call
-(dequant.dequantize_rotated: only the slots in kv_indices, up to kv_indptr[B] read on the device) into a
-transient buffer in the attention basis (K's rotated basis for K, V's for V; bf16 when the dots take bf16
-operands, else float32) and runs the same kernel with FMT 0 over it (kv_indices = positions in the buffer,
-kv_indptr unchanged). Rules (scratch_plan, all on the host, no device sync):
-- only for int8 / octave (SCRATCH_KINDS), never for speculative verify (custom_mask: the direct path), and only
-  when each request may span >= SCRATCH_MIN_QUERY_BLOCKS query blocks (from max_len_extend); with new_slots the
-  new tokens are dequantized too (the same way, into a [T, heads, D] buffer) and attended as FMT 0 rows;
-- bounded: the buffer holds kv_indices.shape[0] rows (the call's prefix tokens; never a whole layer) x KV
-  heads x head_dim for K and V, at most SCRATCH_BYTES (256 MiB). Above that the KV heads are taken in
-  chunks (heads are independent: no merge needed), each chunk's scratch reused; if one KV head's prefix
-  alone exceeds the budget, the direct kernel runs (SGLang may over-allocate kv_indices to B x the context
-  length when it lacks the CPU prefix lengths: that too falls to head chunks or the direct path). The new
-  tokens' buffer (with new_slots) is beside it: T rows of the same width, T being at most the prefill chunk.
+instruction-heavy. When the batch's plan (extend_plan.plan_extend, made once per batch from host lengths) says so,
+the launcher instead dequantizes the prefix once per call (dequant.dequantize_rotated: only the slots in
+kv_indices, up to kv_indptr[B] read on the device) into a transient buffer of the plan's prefix_rows rows in the
+attention basis (K's rotated basis for K, V's for V; bf16 when the dots take bf16 operands, else float32) and runs
+the same kernel with FMT 0 over it (kv_indices = positions in the buffer, kv_indptr unchanged), a few KV heads at
+a time when the whole would exceed the budget. With new_slots the new tokens are dequantized too (the same way,
+into a [T, heads, D] buffer) and attended as FMT 0 rows; T is at most the prefill chunk. The rules are
+extend_plan's.
 """
 
 from __future__ import annotations
@@ -35,27 +29,13 @@ import triton
 import triton.language as tl
 
 from ..kvformats import KVFormat, rotation
-from . import launch_table, tables
+from . import tables
 from .checks import check_planes
-from .decode import _tanh, attention_planes, layout, level_decode, tile_tokens, use_bf16_dots
+from .decode import _tanh, attention_planes, layout, level_decode, tile_tokens
 from .dequant import dequantize_rotated
+from .extend_plan import SCRATCH_KINDS, ExtendPlan, default_launch, plan_extend
 from .rotate import rotate_rows
 from .tiles import accumulate, load_q_blocks, scores, store_blocks
-
-
-
-def default_launch(fmt_name: str, head_dim: int) -> dict:
-    """{"rows_per_program", "block_n"}: launch_table.EXTEND_LAUNCH's entry (every format and supported head_dim)."""
-    return launch_table.at(launch_table.EXTEND_LAUNCH, launch_table.ANY, fmt_name, head_dim)
-
-# Prefix scratch (module docstring). 256 MiB: the bf16 K+V of a 32k-token prefix at 8 KV heads x d128 (or
-# 4 x d256) is 128 MiB, so the benchmark's 32k shape fits whole and a 64k prefix still runs as one chunk; it is one
-# transient, reused layer after layer by the caching allocator, below a prefill's own activations at SGLang's
-# default chunked-prefill size (e.g. an 8k-token MLP intermediate of a 70B model is ~470 MB), and 0.2 % of an
-# H200's memory. Larger prefixes are taken a few KV heads at a time.
-SCRATCH_KINDS = (tables.FMT_INT8, tables.FMT_OCTAVE)
-SCRATCH_BYTES = 256 << 20
-SCRATCH_MIN_QUERY_BLOCKS = 2
 
 
 @triton.jit
@@ -163,25 +143,6 @@ def _extend_kernel(q_ptr, ke_ptr, ve_ptr, out_ptr, k_codes, k_scales, v_codes, v
                      1.0 / e_sum, NB)
 
 
-def scratch_plan(kind: int, prefix_rows: int, h_kv: int, head_dim: int, max_len_extend: int, block_m: int,
-                 elem_bytes: int, verify: bool, force: bool | None = None,
-                 budget: int | None = None) -> list[tuple[int, int]] | None:
-    """KV-head ranges [(h0, h1), ...] to run through the prefix scratch one after the other, or None for the
-    direct kernel (module docstring). prefix_rows: kv_indices.shape[0]; elem_bytes: 2 (bf16) or 4 (float32).
-    force: None = the rule; True = the scratch wherever it is allowed (compressed format, not verify, a
-    non-empty prefix, within the budget) whatever the query-block count; False = the direct kernel."""
-    budget = SCRATCH_BYTES if budget is None else budget
-    if force is False or verify or kind not in SCRATCH_KINDS or prefix_rows == 0:
-        return None
-    if force is None and triton.cdiv(max(int(max_len_extend), 1), block_m) < SCRATCH_MIN_QUERY_BLOCKS:
-        return None
-    per_head = prefix_rows * head_dim * elem_bytes * 2  # K and V
-    heads = min(h_kv, budget // per_head)
-    if heads == 0:
-        return None
-    return [(h0, min(h0 + heads, h_kv)) for h0 in range(0, h_kv, heads)]
-
-
 def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tensor, v_extend: torch.Tensor,
                      o_extend: torch.Tensor, planes: dict[str, torch.Tensor], qo_indptr: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, max_len_extend: int, sm_scale: float,
@@ -190,7 +151,8 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
                      num_warps: int = 8, num_stages: int | None = None, lut: int | None = None,
                      custom_mask: torch.Tensor | None = None, mask_indptr: torch.Tensor | None = None,
                      new_slots: torch.Tensor | None = None, prefix_scratch: bool | None = None,
-                     scratch_bytes: int | None = None) -> torch.Tensor:
+                     scratch_bytes: int | None = None, plan: ExtendPlan | None = None,
+                     prefix_rows: int | None = None) -> torch.Tensor:
     """q_extend/o_extend [T, Hq, D], k_extend/v_extend [T, Hkv, D]; qo_indptr [B+1] over T; kv_indptr [B+1]
     and kv_indices: each request's prefix slots (token-level ids; page_size as in decode.py).
     max_len_extend must be >= every request's new-token count. dot_bf16, lut: as in decode_attention.
@@ -203,8 +165,13 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     new_slots [>= T] int: the new tokens' slots, already written by store_kv; the new tokens' K/V are then read
     from the planes there (through the format, as decode reads its current token) and k_extend / v_extend are
     not read.
-    prefix_scratch: None = scratch_plan's rule; True = the prefix scratch wherever allowed; False = the direct
-    kernel. scratch_bytes: the scratch budget (None: SCRATCH_BYTES).
+    plan: an extend_plan.ExtendPlan made for this batch (the attention backend makes one per batch, from host
+    lengths, and passes it to every layer; block_m, dot_bf16, prefix_scratch and scratch_bytes then go into the
+    plan); None = make one here from prefix_rows (kv_indptr[B], the batch's total prefix length; None = read it
+    from kv_indptr, a host synchronisation: convenient for tests and benchmarks, not for a captured CUDA graph) and
+    these keywords. A plan's prefix_rows must be kv_indptr[B] (the scratch holds that many rows):
+    prefix_scratch: None = extend_plan's rule; True = the prefix scratch wherever allowed; False = the direct
+    kernel. scratch_bytes: the scratch budget (None: extend_plan.SCRATCH_BYTES).
     Writes every row of o_extend; returns it."""
     check_planes(fmt, planes)
     t, hq, d = q_extend.shape
@@ -229,8 +196,21 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     if batch == 0 or t == 0:
         return o_extend
     dev = q_extend.device
+    if plan is None:
+        if prefix_rows is None:
+            prefix_rows = int(kv_indptr[batch])
+        plan = plan_extend(fmt, h_kv, num_q_heads=hq, prefix_rows=prefix_rows, max_len_extend=max_len_extend,
+                           verify=custom_mask is not None, info=dev, block_m=block_m, dot_bf16=dot_bf16,
+                           prefix_scratch=prefix_scratch, scratch_bytes=scratch_bytes)
+    else:
+        assert block_m is None and dot_bf16 is None and prefix_scratch is None and scratch_bytes is None, (
+            "block_m, dot_bf16, prefix_scratch and scratch_bytes go into the plan")
+        assert (plan.fmt_name, plan.head_dim, plan.num_q_heads, plan.num_kv_heads) == (fmt.name, d, hq, h_kv), (
+            plan, fmt.name, d, hq, h_kv)
+        assert plan.scratch is None or custom_mask is None, "a plan with the prefix scratch for a custom-mask extend"
     kind, k_n4, v_n4 = layout(fmt)
-    bf16_dots = use_bf16_dots(q_extend, dot_bf16)
+    bf16_dots = plan.dot_bf16
+    block_m = plan.block_m
     q_in, k_in, v_in = q_extend, k_extend, v_extend
     if fmt.rotated:
         f32 = torch.float32
@@ -249,8 +229,6 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
     kc, ks, vc, vs = attention_planes(fmt, planes)
     group = hq // h_kv
     block_g = triton.next_power_of_2(group)
-    if block_m is None:
-        block_m = max(1, default_launch(fmt.name, d)["rows_per_program"] // block_g)
     if block_n is None:
         block_n = default_launch(fmt.name, d)["block_n"]
     block_n = tile_tokens(kind, block_n, block_m * block_g, q_extend)
@@ -275,11 +253,7 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
             FMT=fmt_kind, K_N4=k_n4_, V_N4=v_n4_, LUT=lut_mode, NEW_FROM_POOL=from_pool, **consts)
 
     scratch_dtype = torch.bfloat16 if bf16_dots else torch.float32
-    plan = scratch_plan(kind, kv_indices.shape[0], h_kv, d, max_len_extend, block_m, scratch_dtype.itemsize,
-                        use_mask, prefix_scratch, scratch_bytes)
-    if prefix_scratch:
-        assert plan is not None, "prefix_scratch=True: not allowed here (format, verify, empty prefix or budget)"
-    if plan is None:
+    if plan.scratch is None:
         k_new, v_new, from_pool = k_in, v_in, new_slots is not None
         if from_pool and not use_mask and kind in SCRATCH_KINDS:
             # A prefill's new tokens dequantized once into the attention basis (the kernel would decode each tile
@@ -292,8 +266,8 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
         launch(kind, level_decode(q_extend, bf16_dots, lut), k_n4, v_n4, kc, ks, vc, vs, kv_indices, 0, h_kv, k_new,
                v_new, from_pool)
     else:
-        rows = kv_indices.shape[0]
-        width = max(h1 - h0 for h0, h1 in plan)
+        rows = plan.prefix_rows  # kv_indptr[B], from host lengths; kv_indices may be longer (over-allocated)
+        width = max(h1 - h0 for h0, h1 in plan.scratch)
         k_s = torch.empty(rows, width, d, dtype=scratch_dtype, device=dev)
         v_s = torch.empty(rows, width, d, dtype=scratch_dtype, device=dev)
         # the new tokens' rows, read back from the pool like the prefix (with new_slots)
@@ -303,7 +277,7 @@ def extend_attention(fmt: KVFormat, q_extend: torch.Tensor, k_extend: torch.Tens
             v_n = torch.empty(t, width, d, dtype=scratch_dtype, device=dev)
         positions = torch.arange(rows, dtype=torch.int32, device=dev)
         ph = tables.identity_placeholder(dev).view(1, 1, 1)
-        for h0, h1 in plan:
+        for h0, h1 in plan.scratch:
             k_c, v_c = k_s[:, :h1 - h0], v_s[:, :h1 - h0]
             dequantize_rotated(fmt, planes, kv_indices, k_c, v_c, head_base=h0, limit=kv_indptr[batch:],
                                lut=lut)

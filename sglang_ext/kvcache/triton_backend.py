@@ -63,7 +63,9 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         self._tree: tuple[object, torch.Tensor] | None = None  # (forward batch, its verify tree mask)
         self._q_dtype = model_runner.dtype  # the model's activations: the dtype of q the kernels get
         self._decode_plan = None  # this batch's DecodePlan (plan_batch), or None: extend kernel only
-        self._graph_plans: dict[tuple, object] = {}  # (forward mode, bucket batch size) -> plan made at capture
+        self._extend_plan = None  # this batch's ExtendPlan (plan_extend_batch), or None: no extend kernel
+        # (forward mode, bucket batch size) -> (decode plan, extend plan) made at capture
+        self._graph_plans: dict[tuple, tuple] = {}
 
     def _check(self, layer, sinks, score_mod, aux_tensors) -> None:
         if sinks is not None or score_mod is not None or aux_tensors is not None:
@@ -122,6 +124,7 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
             custom_mask=verify_mask,
             mask_indptr=md.mask_indptr if verify_mask is not None else None,
             new_slots=forward_batch.out_cache_loc if from_pool else None,
+            plan=self._extend_plan,
         )
         return o
 
@@ -141,21 +144,37 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         return self._decode(q, o, layer, num_kv_splits=self.forward_metadata.num_kv_splits)
 
     # Plan once per batch ------------------------------------------------------------------------------------------
-    # Decode and decode-kernel verify steps get a decode_plan.DecodePlan here, from the batch's sequence lengths as
-    # SGLang's metadata carries them on the host (never from a buffer's shape); every layer's call runs it. Under
-    # CUDA graphs the plan is made at capture from the bucket's batch size alone (lengths unknown: decode_plan's
-    # docstring says which choices that fixes) and reinstalled at every replay of that bucket.
+    # Decode and decode-kernel verify steps get a decode_plan.DecodePlan here, extends (prefill, mixed, draft extend,
+    # extend-kernel verify) an extend_plan.ExtendPlan, both from the batch's sequence lengths as SGLang's metadata
+    # carries them on the host (never from a buffer's shape); every layer's call runs them. Under CUDA graphs the
+    # plans are made at capture from the bucket's batch size alone (lengths unknown: decode_plan's and extend_plan's
+    # docstrings say which choices that fixes) and reinstalled at every replay of that bucket.
 
     def init_forward_metadata(self, forward_batch):
         super().init_forward_metadata(forward_batch)
         self._decode_plan = self.plan_batch(forward_batch, host_seq_lens_sum(forward_batch))
+        self._extend_plan = self.plan_extend_batch(forward_batch, host_prefix_rows(forward_batch))
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         super().init_forward_metadata_out_graph(forward_batch, in_capture)
         key = (forward_batch.forward_mode, forward_batch.batch_size)
         if in_capture:
-            self._graph_plans[key] = self.plan_batch(forward_batch, None)
-        self._decode_plan = self._graph_plans[key]
+            self._graph_plans[key] = (self.plan_batch(forward_batch, None), self.plan_extend_batch(forward_batch, None))
+        self._decode_plan, self._extend_plan = self._graph_plans[key]
+
+    def plan_extend_batch(self, forward_batch, prefix_rows: int | None):
+        """The ExtendPlan of this batch's extend-kernel calls, or None for a decode batch. prefix_rows: the batch's
+        total prefix length (its kv lists' length, kv_indptr[B]) on the host, None when unknown (a CUDA-graph
+        capture, metadata without host lengths): the direct kernel, no prefix scratch."""
+        from sglang_ext.kernels.extend_plan import plan_extend
+
+        md = self.forward_metadata
+        if forward_batch.forward_mode.is_decode_or_idle() or md.max_extend_len is None:
+            return None
+        return plan_extend(self.kv_format, self.kv_pool.head_num, num_q_heads=self.num_head,
+                           prefix_rows=prefix_rows, max_len_extend=md.max_extend_len,
+                           verify=forward_batch.forward_mode.is_target_verify() and md.custom_mask is not None,
+                           info=self.device)
 
     def plan_batch(self, forward_batch, seq_lens_sum: int | None):
         """The DecodePlan of this batch's decode-kernel steps (decode; chain or tree verify), or None when the batch
@@ -241,6 +260,22 @@ def host_seq_lens_sum(forward_batch) -> int | None:
     if getattr(forward_batch, "seq_lens_cpu", None) is not None:
         return int(forward_batch.seq_lens_cpu.sum())
     return None
+
+
+def host_prefix_rows(forward_batch) -> int | None:
+    """The total length of an extend batch's kv lists (its cached prefixes; a target verify's whole sequences) as
+    SGLang's metadata holds it on the host, or None when it holds none: the sum of extend_prefix_lens_cpu, else
+    seq_lens_sum (or the sum of seq_lens_cpu) less the sum of extend_seq_lens_cpu. Never a device read, never a
+    buffer's size (SGLang allocates kv_indices to batch x context length when it lacks the host lengths)."""
+    if forward_batch.forward_mode.is_target_verify():
+        return host_seq_lens_sum(forward_batch)
+    prefix_lens = getattr(forward_batch, "extend_prefix_lens_cpu", None)
+    if prefix_lens is not None:
+        return int(sum(prefix_lens))
+    total, extend_lens = host_seq_lens_sum(forward_batch), getattr(forward_batch, "extend_seq_lens_cpu", None)
+    if total is None or extend_lens is None:
+        return None
+    return total - int(sum(extend_lens))
 
 
 def verify_shape(forward_batch, group: int) -> tuple[int, bool]:

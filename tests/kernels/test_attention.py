@@ -102,14 +102,16 @@ def test_extend_matches_reference(name, head_dim, rotary_dim, h_kv, group, page_
     if name == "bf16":
         return
     # kv_indices padded past kv_indptr[B] (as SGLang's over-allocated buffer can be) with slots far out of
-    # range: the dequantization reads its row count from kv_indptr on the device, so never these
+    # range: the dequantization reads its row count from kv_indptr on the device, so never these; the scratch is
+    # sized, and the rule decides, from the prefix lengths (57 rows), not the buffer (64): a budget of exactly 57
+    # rows of every KV head (float32 K and V) takes them all in one chunk
     calls = _spy_dequant(monkeypatch)
     ref = reference.extend_attention(fmt, q, ke, ve, planes, qo, kvp, flat.to(device), head_dim ** -0.5)  # causal
     padded = torch.cat([flat, torch.full((7,), 1 << 40, dtype=torch.int64)]).to(device)
     o = torch.full((t, h_kv * group, head_dim), float("nan"), dtype=torch.float32, device=device)
     extend_attention(fmt, q, ke, ve, o, planes, qo, kvp, padded, max(ext), head_dim ** -0.5, page_size=page_size,
-                     block_m=16, block_n=16, dot_bf16=False)
-    assert calls == [(0, h_kv)], f"the rule did not take the prefix scratch (dequant calls {calls})"
+                     block_m=16, block_n=16, dot_bf16=False, scratch_bytes=sum(prefix) * h_kv * head_dim * 4 * 2)
+    assert calls == [(0, h_kv, sum(prefix))], f"the rule did not take the prefix scratch of 57 rows ({calls})"
     assert not torch.isnan(o).any(), "prefix-scratch extend left output elements unwritten"
     err = (o - ref).abs().max().item()
     assert err < _f32_tol(device), f"{name}: prefix-scratch extend differs from the reference by {err}"
@@ -121,14 +123,14 @@ def _f32_tol(device):
 
 
 def _spy_dequant(monkeypatch):
-    """Records each dequantize_rotated call made by extend_attention (KV-head base, heads), calling through."""
+    """Records each dequantize_rotated call made by extend_attention (KV-head base, heads, rows), calling through."""
     from sglang_ext.kernels import extend as extend_mod
 
     calls = []
     real = extend_mod.dequantize_rotated
 
     def spy(fmt, planes, loc, k_out, v_out, head_base=0, **kw):
-        calls.append((head_base, k_out.shape[1]))
+        calls.append((head_base, k_out.shape[1], k_out.shape[0]))
         return real(fmt, planes, loc, k_out, v_out, head_base=head_base, **kw)
 
     monkeypatch.setattr(extend_mod, "dequantize_rotated", spy)
@@ -136,7 +138,7 @@ def _spy_dequant(monkeypatch):
 
 
 def test_extend_prefix_scratch_rule_and_head_chunks(device, monkeypatch):
-    from sglang_ext.kernels.extend import scratch_plan
+    from sglang_ext.kernels.extend_plan import scratch_plan
     from sglang_ext.kernels.tables import FMT_BF16, FMT_INT8, FMT_OCTAVE
 
     # the rule: compressed formats, >= 2 query blocks, not verify, within the budget (per KV head: rows x D x
@@ -150,6 +152,7 @@ def test_extend_prefix_scratch_rule_and_head_chunks(device, monkeypatch):
     assert scratch_plan(FMT_OCTAVE, 131072, 8, 128, 4096, 32, 2, False) == [(0, 4), (4, 8)]  # 512 MiB
     assert scratch_plan(FMT_OCTAVE, 163840, 8, 128, 4096, 32, 2, False) == [(0, 3), (3, 6), (6, 8)]  # 80 MiB a head
     assert scratch_plan(FMT_OCTAVE, 2 ** 19 + 1, 8, 128, 4096, 32, 2, False) is None  # one head > 256 MiB
+    assert scratch_plan(FMT_OCTAVE, None, 8, 128, 4096, 32, 2, False, force=True) is None  # lengths unknown
     # head chunks end to end: a budget of one KV head's scratch (2 heads, d64, float32)
     calls = _spy_dequant(monkeypatch)
     fmt = get_format("octave_k3v4", 64)
@@ -162,7 +165,7 @@ def test_extend_prefix_scratch_rule_and_head_chunks(device, monkeypatch):
     ve = torch.randn(t, 2, 64, generator=gen).to(device)
     qo, kvp = indptr(ext, device), indptr(prefix, device)
     ref = reference.extend_attention(fmt, q, ke, ve, planes, qo, kvp, flat.to(device), 0.125)
-    for budget, want in ((57 * 64 * 4 * 2, [(0, 1), (1, 1)]), (57 * 64 * 4 * 2 - 1, [])):
+    for budget, want in ((57 * 64 * 4 * 2, [(0, 1, 57), (1, 1, 57)]), (57 * 64 * 4 * 2 - 1, [])):
         calls.clear()
         o = torch.full((t, 6, 64), float("nan"), dtype=torch.float32, device=device)
         extend_attention(fmt, q, ke, ve, o, planes, qo, kvp, flat.to(device), max(ext), 0.125, block_m=16,

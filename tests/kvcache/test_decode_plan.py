@@ -216,3 +216,69 @@ def test_plan_splits_without_caller_counts_come_from_lengths(on_h200, monkeypatc
     assert unknown.grid_splits == DEFAULT_MAX_KV_SPLITS
     for p in (short, long, unknown):
         assert p.num_kv_splits.tolist() == [p.grid_splits] * 32
+
+
+def extend_batch(backend, reqs: list[int], prefix: list[int], ext: list[int], *, host_prefix: bool):
+    """An extend ForwardBatch stand-in: request i has prefix[i] cached tokens and ext[i] new ones (all slots already
+    in the table). host_prefix=False leaves extend_prefix_lens_cpu unset, as SGLang's gpu_only batches do: its
+    metadata then allocates kv_indices to batch x context length."""
+    seq = [p + e for p, e in zip(prefix, ext, strict=True)]
+    seq_lens = torch.tensor(seq)
+    fb = SimpleNamespace(
+        forward_mode=compat.ForwardMode.EXTEND, batch_size=len(reqs), req_pool_indices=torch.tensor(reqs),
+        seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone(), seq_lens_sum=sum(seq),
+        extend_prefix_lens=torch.tensor(prefix), extend_prefix_lens_cpu=list(prefix) if host_prefix else None,
+        extend_seq_lens=torch.tensor(ext), extend_seq_lens_cpu=list(ext), spec_info=None, encoder_lens=None,
+        out_cache_loc=torch.cat([backend.req_to_token[r, p:p + e] for r, p, e in zip(reqs, prefix, ext, strict=True)]))
+    translator = backend.kv_index_translator
+    translator.own_plan(fb).bind(fb, translator)
+    return fb
+
+
+def test_extend_prefix_scratch_follows_the_lengths_not_the_kv_indices_buffer(runtime, monkeypatch):
+    # The prefix scratch (kernels/extend.py) is sized, and decided, from the batch's prefix lengths. Without host
+    # prefix lengths SGLang's extend metadata allocates kv_indices to batch x context length (32768 rows here, 65
+    # of them the batch's): a rule reading kv_indices.shape[0] sized the scratch 32768 rows and, over a budget of
+    # exactly the batch's 65 rows, split or refused it. A CUDA-graph capture (lengths unknown) runs the direct
+    # kernel.
+    from sglang_ext.kernels import extend as extend_mod
+    from sglang_ext.kernels import extend_plan
+    from sglang_ext.kvcache.new_token_reads import extend_reads_pool
+
+    gen = torch.Generator().manual_seed(5)
+    backend = make_backend(runtime, "int8")
+    prefix, ext = [40, 25], [70, 3]  # 70 new tokens: two query blocks of 64 (d128, group 4), the scratch rule's
+    reqs = fill(backend, gen, [p + e for p, e in zip(prefix, ext, strict=True)])
+    budget = sum(prefix) * H_KV * D * 4 * 2  # float32 K and V of every KV head
+    monkeypatch.setattr(extend_plan, "SCRATCH_BYTES", budget)
+    calls = []
+    real = extend_mod.dequantize_rotated
+
+    def spy(fmt, planes, loc, k_out, v_out, head_base=0, **kw):
+        calls.append((head_base, k_out.shape[1], k_out.shape[0]))
+        return real(fmt, planes, loc, k_out, v_out, head_base=head_base, **kw)
+
+    monkeypatch.setattr(extend_mod, "dequantize_rotated", spy)
+    t = sum(ext)
+    q = torch.randn(t, H_Q * D, generator=gen)
+    k, v = torch.randn(t, H_KV * D, generator=gen), torch.randn(t, H_KV * D, generator=gen)
+    for host_prefix in (True, False):
+        fb = extend_batch(backend, reqs, prefix, ext, host_prefix=host_prefix)
+        backend.init_forward_metadata(fb)
+        md = backend.forward_metadata
+        assert md.kv_indices.shape[0] == (sum(prefix) if host_prefix else 2 * CONTEXT)
+        plan = backend._extend_plan
+        assert plan.prefix_rows == sum(prefix) and plan.scratch == ((0, H_KV),), (host_prefix, plan)
+        calls.clear()
+        o = backend.forward_extend(q, k, v, layer(0), fb)
+        assert calls[0] == (0, H_KV, sum(prefix)), f"host_prefix={host_prefix}: prefix scratch calls {calls}"
+        planes = backend.kv_pool.layer_planes(0)
+        prefix_slots = torch.cat([backend.req_to_token[r, :p] for r, p in zip(reqs, prefix, strict=True)]).long()
+        ref = reference.extend_attention(
+            backend.kv_format, q.view(t, H_Q, D), k.view(t, H_KV, D), v.view(t, H_KV, D), planes,
+            torch.tensor([0, *torch.tensor(ext).cumsum(0).tolist()]), torch.tensor([0, *torch.tensor(prefix).cumsum(0).tolist()]),
+            prefix_slots, D ** -0.5, new_slots=fb.out_cache_loc if extend_reads_pool() else None)
+        err = (o.view(t, H_Q, D) - ref).abs().max().item()
+        assert err < 1e-4, f"host_prefix={host_prefix}: extend differs from the reference by {err}"
+    # the lengths unknown when the plan is made (a CUDA-graph capture): the direct kernel, no buffer sized by them
+    assert backend.plan_extend_batch(fb, None).scratch is None
