@@ -25,6 +25,7 @@ class CompressedMHATokenToKVPool(compat.MHATokenToKVPool):
     def __init__(self, *args, kv_format: KVFormat, **kwargs):
         self.kv_format = kv_format
         self._layer_planes: list[dict[str, torch.Tensor]] = []
+        self._no_slot_planes: dict[str, torch.Tensor] = {}
         super().__init__(*args, **kwargs)
         if self.head_dim != kv_format.head_dim or self.v_head_dim != kv_format.head_dim:
             raise ValueError(
@@ -46,6 +47,9 @@ class CompressedMHATokenToKVPool(compat.MHATokenToKVPool):
             self._layer_planes = [
                 self.kv_format.allocate(num_slots, self.head_num, self.device) for _ in range(self.layer_num)
             ]
+        # [0, head_num, *tail] per plane: the geometry every layer has, also where this pool holds no layer (a
+        # pipeline stage of a hybrid model with only linear-attention layers), for per-batch plans.
+        self._no_slot_planes = self.kv_format.allocate(0, self.head_num, self.device)
         # Dense-layout attributes of the parent stay empty; nothing may read them.
         self.k_buffer = []
         self.v_buffer = []
@@ -110,8 +114,9 @@ class CompressedMHATokenToKVPool(compat.MHATokenToKVPool):
         return self._layer_planes[layer_id - self.start_layer]
 
     def first_layer_planes(self) -> dict[str, torch.Tensor]:
-        """Planes of the first layer held here (their shapes and dtypes are every layer's)."""
-        return self._layer_planes[0]
+        """Planes of the first layer held here (their shapes and dtypes are every layer's); a pool holding no layer
+        gives planes of the same head count, tail and dtype with no slot."""
+        return self._layer_planes[0] if self._layer_planes else self._no_slot_planes
 
     def layer_planes_for_transfer(self) -> list[dict[str, torch.Tensor]]:
         """Every layer's planes, for HiCache host moves (no wait on the layer-load counter)."""

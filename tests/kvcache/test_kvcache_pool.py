@@ -17,19 +17,19 @@ from sglang_ext.kvformats import get_format
 HEADS, DIM, LAYERS, SIZE = 3, 64, 2, 40
 
 
-def make_pool(name: str) -> CompressedMHATokenToKVPool:
+def make_pool(name: str, layers: int = LAYERS) -> CompressedMHATokenToKVPool:
     return CompressedMHATokenToKVPool(
         SIZE,
         page_size=1,
         dtype=torch.float32,
         head_num=HEADS,
         head_dim=DIM,
-        layer_num=LAYERS,
+        layer_num=layers,
         device="cpu",
         enable_memory_saver=False,
         v_head_dim=DIM,
         start_layer=0,
-        end_layer=LAYERS - 1,
+        end_layer=layers - 1,
         enable_alt_stream=False,
         enable_kv_cache_copy=False,
         kv_format=get_format(name, DIM, DIM),
@@ -79,6 +79,23 @@ def test_pool_moves_every_plane_and_counts_its_bytes(name):
     k_bytes, v_bytes = pool.get_kv_size_bytes()
     expected = (SIZE + 1) * HEADS * LAYERS * pool.kv_format.bytes_per_token_head
     assert k_bytes + v_bytes == expected, f"{name}: pool holds {k_bytes + v_bytes} B, expected {expected} B"
+
+
+@pytest.mark.parametrize("name", KV_CACHE_DTYPES)
+def test_pool_without_layers_describes_its_planes(name):
+    # A pipeline stage of a hybrid model that holds only linear-attention layers builds its full-attention pool
+    # with no layer; the Triton backend still plans each decode batch from the pool's plane geometry.
+    from sglang_ext.kernels.decode_plan import plan_decode as plan_decode_kernel
+
+    pool = make_pool(name, layers=0)
+    planes = pool.first_layer_planes()
+    like = make_pool(name).first_layer_planes()
+    assert {n: (t.shape[1:], t.dtype) for n, t in planes.items()} == {n: (t.shape[1:], t.dtype) for n, t in like.items()}
+    assert all(t.shape[0] == 0 for t in planes.values()), "a pool without layers allocated slots"
+    assert pool.get_kv_size_bytes() == (0, 0)
+    plan = plan_decode_kernel(pool.kv_format, planes, batch=2, num_q_heads=2 * HEADS, q_dtype=torch.float32,
+                              seq_lens_sum=40)
+    assert (plan.num_kv_heads, plan.head_dim) == (HEADS, DIM)
 
 
 def test_pool_refuses_dense_reads():
