@@ -488,6 +488,9 @@ HOOK_PAGED_CHECK_COMPAT = f"{PAGED_EXPERTS_MODULE}.method.check_paged_experts_co
 PAGED_REFUSAL_PREFIX = "Paged experts: "
 PAGED_LIFTED_REFUSALS: tuple[str, ...] = ("--tp-size must be 1 (single GPU only)",
                                           "--pp-size must be 1 (single GPU only)")
+# lifted only for these algorithms (as get_spec() names them: SGLang resolves NEXTN to EAGLE)
+PAGED_SPEC_REFUSAL = "speculative decoding is not supported"
+PAGED_SPEC_ALGORITHMS = ("EAGLE",)
 _LAZY["PagedTritonContract"] = f"{PAGED_EXPERTS_MODULE}.runners:TritonContract"
 _LAZY["PagedUnquantizedFormat"] = f"{PAGED_EXPERTS_MODULE}.formats:UnquantizedFormat"
 _LAZY["StandardCombineInput"] = "sglang.srt.layers.moe.token_dispatcher:StandardCombineInput"

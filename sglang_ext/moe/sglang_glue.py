@@ -13,8 +13,9 @@ platform three of its CUDA-only pieces are swapped through hooks:
 Only unquantized experts have a torch compute: any other paged format is refused on this platform with one line.
 
 With `SGLANG_EXT_PAGED_EXPERTS_TRACE=<file>` every process appends JSON lines: one per MoE layer when its store
-is built (`{"store": layer_id, "experts": E, "slots": K, "host_bytes": ..., "slot_bytes": ...}`) and one per
-planned step (`{"layer": layer_id, "experts": [distinct routed ids], "loads": [[expert, slot], ...]}`): the
+is built (`{"store": layer_id, "table": n, "experts": E, "slots": K, "host_bytes": ..., "slot_bytes": ...}`) and one
+per planned step (`{"layer": layer_id, "table": n, "experts": [distinct routed ids], "loads": [[expert, slot], ...]}`;
+`table` numbers the process's slot tables in build order, since a draft's MTP layer may share a target layer's id): the
 server's own hit/miss record, which the tests replay through `residency.LruResidency`.
 """
 
@@ -106,7 +107,10 @@ def _check_compat(original, layer, expert_format):
     the two ranks' traces are identical); the layer's usual all-reduce sums the ranks' partial outputs.
     Lifted: --pp-size > 1. A stage creates only its own layers (SGLang's make_layers), so each stage builds host
     stores, slot tables and LRU state for its layers alone and pages them between its own forward passes; nothing
-    of paging crosses a stage boundary (tests/moe/test_paged_pp.py: each stage's trace holds only its layers)."""
+    of paging crosses a stage boundary (tests/moe/test_paged_pp.py: each stage's trace holds only its layers).
+    Lifted: speculative decoding with NEXTN/MTP (SGLang runs it as EAGLE). A verify batch routes (draft tokens + 1)
+    x top-k entries per request through the same wave planner as a prefill; the draft's own MoE layer (the MTP
+    layer) is a FusedMoE of the draft worker and pages its own store like any other layer."""
     try:
         original(layer=layer, expert_format=expert_format)
     except RuntimeError as exc:
@@ -114,19 +118,23 @@ def _check_compat(original, layer, expert_format):
         if not text.startswith(compat.PAGED_REFUSAL_PREFIX):
             raise
         problems = text[len(compat.PAGED_REFUSAL_PREFIX):].split("; ")
-        left = [p for p in problems if p not in compat.PAGED_LIFTED_REFUSALS]
+        lifted = compat.PAGED_LIFTED_REFUSALS
+        if str(compat.get_spec().speculative_algorithm).upper() in compat.PAGED_SPEC_ALGORITHMS:
+            lifted = (*lifted, compat.PAGED_SPEC_REFUSAL)
+        left = [p for p in problems if p not in lifted]
         if left:
             raise RuntimeError(compat.PAGED_REFUSAL_PREFIX + "; ".join(left) + f" ({SUPPORTED})") from None
 
 
 SUPPORTED = ("supported: one GPU, --tp-size N (each rank pages its own shard of every expert) and --pp-size N (each "
              "stage pages its own layers), also on the cpu platform; the expert formats SGLang lists, triton or Marlin "
-             "runner; --ep-size, --dp-size > 1 and speculative decoding are not")
+             "runner; speculative decoding with NEXTN/MTP (EAGLE); --ep-size, --dp-size > 1 and other speculative "
+             "algorithms are not")
 
 
 # --- trace ---------------------------------------------------------------------------------------------------
 _trace_lock = threading.Lock()
-_layer_of_policy: dict[int, int] = {}
+_layer_of_policy: dict[int, tuple[int, int]] = {}  # id(policy) -> (layer id, table: the store's build order)
 
 
 def _write(record: dict) -> None:
@@ -136,8 +144,9 @@ def _write(record: dict) -> None:
 
 
 def _record_store(result, self, layer):
-    _layer_of_policy[id(self.policy)] = int(layer.layer_id)
-    _write({"store": int(layer.layer_id), "experts": self.num_experts, "slots": self.num_resident,
+    table = len(_layer_of_policy)  # a draft model's MoE layer (an MTP layer) may repeat a target layer's id
+    _layer_of_policy[id(self.policy)] = (int(layer.layer_id), table)
+    _write({"store": int(layer.layer_id), "table": table, "experts": self.num_experts, "slots": self.num_resident,
             "host_bytes": sum(t.nbytes for t in self.store.host.values()),
             "slot_bytes": sum(getattr(layer, name).data.nbytes for name in self.store.host)})
 
@@ -145,7 +154,8 @@ def _record_store(result, self, layer):
 def _record_waves(waves, *args, **kwargs):
     policy = kwargs["policy"] if "policy" in kwargs else args[0]
     distinct = kwargs["distinct"] if "distinct" in kwargs else args[1]
-    _write({"layer": _layer_of_policy.get(id(policy), -1), "experts": list(distinct),
+    layer, table = _layer_of_policy.get(id(policy), (-1, -1))
+    _write({"layer": layer, "table": table, "experts": list(distinct),
             "loads": [list(load) for wave in waves for load in wave.loads]})
 
 
@@ -163,7 +173,7 @@ def register() -> list[str]:
         hook_chain.register(compat.HOOK_PAGED_MAKE_FOR_LAYER, _make_for_layer, compat.HookType.AROUND)
         done.append("paged experts (torch, pageable store) on the cpu platform")
     hook_chain.register(compat.HOOK_PAGED_CHECK_COMPAT, _check_compat, compat.HookType.AROUND)
-    done.append("paged experts with --tp-size, --pp-size")
+    done.append("paged experts with --tp-size, --pp-size, NEXTN")
     if os.environ.get(PAGED_EXPERTS_TRACE):
         hook_chain.register(compat.HOOK_PAGED_AFTER_LOADING, _record_store, compat.HookType.AFTER)
         hook_chain.register(compat.HOOK_PAGED_PLAN_WAVES, _record_waves, compat.HookType.AFTER)

@@ -41,3 +41,27 @@ def assert_matches_reference(replies: list[dict], reference, what: str) -> None:
         gap = max(abs(value - logprobs[len(ids) - 1 + step, token].item())
                   for step in range(NEW_TOKENS) for value, token, _ in tops[step])
         assert gap < LOGPROB_TOL, f"{what}, prompt of {len(ids)} tokens: log-probabilities differ by {gap:.2e}"
+
+
+def guessing_mtp_checkpoint(base, out, branch_scale: float) -> str:
+    """`base` with its MTP layer made able to guess, as tests/hybrid/test_hybrid_mtp.py does for the dense tiny
+    Qwen3.5: the draft's input fusion passes only the next token's embedding (fc = [I | 0]) and its decoder layer
+    adds nothing (attention o_proj and every down_proj of the MTP layer zero, its routed experts included), so it
+    drafts the bigram lm_head(norm(embedding)); the target's attention, GDN, shared-expert and routed-expert outputs
+    are scaled by `branch_scale`, so that bigram is often the target's next token."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in base.iterdir():
+        if f.is_file() and f.name != "model.safetensors":
+            shutil.copy(f, out / f.name)
+    weights = load_file(base / "model.safetensors")
+    hidden = weights["mtp.fc.weight"].shape[0]
+    weights["mtp.fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
+    for name in list(weights):
+        if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight")):
+            weights[name] = weights[name] * (0.0 if name.startswith("mtp.") else branch_scale)
+    save_file(weights, out / "model.safetensors")
+    return str(out)

@@ -1,7 +1,9 @@
-"""The paged-experts glue without a server: the lifted refusals (--tp-size, --pp-size) pass, the others are kept and name what
+"""The paged-experts glue without a server: the lifted refusals (--tp-size, --pp-size; speculative decoding with
+NEXTN, which SGLang runs as EAGLE) pass, the others are kept and name what
 is supported, and the text the glue matches is still what SGLang 0.5.23 writes."""
 
 import inspect
+import types
 
 import pytest
 
@@ -10,6 +12,14 @@ from sglang_ext.moe import sglang_glue
 
 SGLANG_REFUSALS = ["--tp-size must be 1 (single GPU only)", "--pp-size must be 1 (single GPU only)",
                    "--ep-size must be 1 (single GPU only)", "speculative decoding is not supported"]
+
+
+@pytest.fixture(autouse=True)
+def spec_algorithm(monkeypatch):
+    """What SGLang's runtime context says of --speculative-algorithm (none unless a test sets it)."""
+    spec = types.SimpleNamespace(speculative_algorithm=None)
+    monkeypatch.setattr(compat, "get_spec", lambda: spec)
+    return spec
 
 
 def _raising(*problems):
@@ -42,6 +52,17 @@ def test_refusals_stay_and_name_what_is_supported(kept):
     text = str(info.value)
     assert text.startswith(compat.PAGED_REFUSAL_PREFIX + kept), text
     assert "supported: one GPU" in text, text
+
+
+def test_speculative_refusal_lifted_for_nextn_only(spec_algorithm):
+    spec_algorithm.speculative_algorithm = "EAGLE"  # SGLang's name for NEXTN
+    sglang_glue._check_compat(_raising(compat.PAGED_SPEC_REFUSAL), layer=None, expert_format=None)
+    for other in ("NGRAM", "STANDALONE", "EAGLE3"):
+        spec_algorithm.speculative_algorithm = other
+        with pytest.raises(RuntimeError) as info:
+            sglang_glue._check_compat(_raising(compat.PAGED_SPEC_REFUSAL), layer=None, expert_format=None)
+        assert str(info.value).startswith(compat.PAGED_REFUSAL_PREFIX + compat.PAGED_SPEC_REFUSAL + " ("), other
+        assert "speculative decoding with NEXTN/MTP" in str(info.value)
 
 
 def test_other_errors_pass_through():
