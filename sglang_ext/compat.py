@@ -301,6 +301,7 @@ SGLANG_TRITON_LAUNCHERS = {
     "extend_attention_fwd": "sglang.kernels.ops.attention.extend_attention.extend_attention_fwd",
     "invoke_fused_moe_kernel": "sglang.kernels.ops.moe.fused_moe_triton_kernels.invoke_fused_moe_kernel",
     "moe_align_small_numel": "sglang.kernels.ops.moe.moe_align_small_numel.moe_align_small_numel",
+    "moe_sum_reduce_triton": "sglang.kernels.ops.moe.fused_moe_triton_kernels.moe_sum_reduce_triton",
     # Triton backend metadata: per-request KV split count, KV index gather (JIT functions, launched as kernel[grid])
     "get_num_kv_splits_triton": "sglang.kernels.ops.attention.metadata.get_num_kv_splits_triton",
     "create_flashinfer_kv_indices_triton": "sglang.kernels.ops.attention.kv_indices.create_flashinfer_kv_indices_triton",

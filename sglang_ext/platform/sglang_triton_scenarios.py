@@ -5,7 +5,7 @@ Served shapes: dense attention at head_dim 128 (32 q / 8 kv heads, and 8 / 8 for
 (16 q / 2 kv, Qwen3.5's full-attention layers), pages of 1 and 16 tokens, bf16; Qwen3-30B-A3B's fused MoE
 (128 experts, top-8, 2048 -> 768) with SGLang's default configs for decode and prefill batches; Qwen3.5's Gated
 DeltaNet layers (16 k / 32 v heads of 128, conv width 4), with the speculative target-verify variants (4 draft
-tokens, chain and tree).
+tokens, chain and tree); paged experts over the same MoE with 64 of 128 experts resident.
 
 A scenario runs only under sglang_triton_targets' recording (Triton's launches recorded, not run).
 """
@@ -23,6 +23,8 @@ ATTENTION_SHAPES = ((32, 8, 128), (8, 8, 128), (16, 2, 256))
 PAGE_SIZES = (1, 16)
 # Qwen3-30B-A3B's experts (TP 1): experts, top-k, hidden, intermediate.
 MOE_SHAPE = (128, 8, 2048, 768)
+# Paged experts over those: K resident slots per layer (half of them).
+PAGED_RESIDENT = 64
 # Qwen3.5's Gated DeltaNet (TP 1): k heads, v heads, head dims, conv kernel width.
 GDN_SHAPE = (16, 32, 128, 4)
 
@@ -129,6 +131,58 @@ def _moe_scenarios():
             torch.empty(padded // block, dtype=torch.int32), torch.empty(1, dtype=torch.int32))
 
     out[f"fused_moe align decode E{experts} top{top_k}"] = (align, ("cuda",))
+    return out
+
+
+def _paged_moe_scenarios():
+    """Paged experts (`--enable-paged-experts --paged-experts-num-resident K`) through SGLang's triton runner
+    (paged_experts/runners.py TritonContract): the fused MoE GEMMs over the K-slot table, routed ids in slot space
+    with the entries outside the wave at -1 (filtered), the down GEMM writing every routed entry times its router
+    weight (no_combine, keep router weight); the alignment over K + 1 buckets (CUDA, one Triton launch from 64
+    slots on); the contract's top-k sum (moe_combine_topk: SGLang's Triton reduce on ROCm above 32 tokens and on
+    CUDA from sm_90 on up to 32 tokens)."""
+    import torch
+    import triton.language as tl
+
+    experts, top_k, hidden, inter = MOE_SHAPE
+    slots = PAGED_RESIDENT
+    configs = {"decode": (4, {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}),
+               "prefill": (512, {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8})}
+    tag = f"K{slots} of E{experts} top{top_k}"
+
+    def slot_ids(m):  # half the entries in the wave's slots, the rest outside it
+        ids = torch.arange(m * top_k, dtype=torch.int32).remainder(slots).view(m, top_k)
+        return ids.masked_fill(ids.remainder(2) == 1, -1)
+
+    out = {}
+    for phase, (m, config) in configs.items():
+        for gemm, (rows, n, k, routed, kernel_top_k) in {
+                "up": (m, 2 * inter, hidden, False, top_k), "down": (m * top_k, hidden, inter, True, 1)}.items():
+            def moe(m=m, config=config, rows=rows, n=n, k=k, routed=routed, kernel_top_k=kernel_top_k):
+                blocks = (m * top_k + (slots + 1) * config["BLOCK_SIZE_M"]) // config["BLOCK_SIZE_M"]
+                _launcher("invoke_fused_moe_kernel")(
+                    torch.empty(rows, k, dtype=torch.bfloat16), torch.empty(slots, n, k, dtype=torch.bfloat16),
+                    None, torch.empty(m, top_k, n, dtype=torch.bfloat16), None, None, None, torch.empty(m, top_k),
+                    slot_ids(m), torch.zeros(blocks * config["BLOCK_SIZE_M"], dtype=torch.int32),
+                    torch.zeros(blocks, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), routed,
+                    kernel_top_k, dict(config), compute_type=tl.bfloat16, use_fp8_w8a8=False, use_int8_w8a8=False,
+                    use_int8_w8a16=False, use_int4_w4a16=False, per_channel_quant=False, filter_expert=True)
+
+            out[f"paged_experts {gemm} {phase} {tag} {hidden}x{inter}"] = moe
+
+    def align(m=4, block=configs["decode"][1]["BLOCK_SIZE_M"]):
+        padded = m * top_k * block
+        _launcher("moe_align_small_numel")(
+            slot_ids(m), slots + 1, block, torch.empty(padded, dtype=torch.int32),
+            torch.empty(padded // block, dtype=torch.int32), torch.empty(1, dtype=torch.int32))
+
+    out[f"paged_experts align decode {tag}"] = (align, ("cuda",))
+    for phase, m, backends in (("decode", 4, ("cuda",)), ("prefill", 512, ("hip",))):
+        def top_k_sum(m=m):
+            _launcher("moe_sum_reduce_triton")(torch.empty(m, top_k, hidden, dtype=torch.bfloat16),
+                                               torch.empty(m, hidden, dtype=torch.bfloat16), 1.0)
+
+        out[f"paged_experts top-k sum {phase} top{top_k} h{hidden}"] = (top_k_sum, backends)
     return out
 
 
@@ -283,5 +337,6 @@ def _qwen3_5_layer_scenarios():
 def scenarios() -> dict:
     """{scenario label: (a call of SGLang's launcher on CPU tensors of a served shape, the backends whose served
     path makes that call)}."""
-    found = {**_attention_scenarios(), **_moe_scenarios(), **_gdn_scenarios(), **_qwen3_5_layer_scenarios()}
+    found = {**_attention_scenarios(), **_moe_scenarios(), **_paged_moe_scenarios(), **_gdn_scenarios(),
+             **_qwen3_5_layer_scenarios()}
     return {label: entry if isinstance(entry, tuple) else (entry, BACKENDS) for label, entry in found.items()}

@@ -1,7 +1,7 @@
 """SGLang's own Triton kernels on the portable_gpu served paths, built ahead of time for sm_80 and gfx1100 by
 `python -m sglang_ext.kernels.targets --group sglang` (platform/sglang_triton_targets.py), on a representative
-subset: GQA decode and extend attention (with the speculative verify's mask), fused MoE, the GDN conv1d and
-packed-decode kernels and the Qwen3.5 layer ops. The full run (every kernel x 4 targets) is run by hand; its table
+subset: GQA decode and extend attention (with the speculative verify's mask), fused MoE (and its paged-experts path),
+the GDN conv1d and packed-decode kernels and the Qwen3.5 layer ops. The full run (every kernel x 4 targets) is run by hand; its table
 is in docs/portable-gpu.md.
 
 Runs in subprocesses: the conftest sets TRITON_INTERPRET=1, under which Triton's JIT functions are interpreted
@@ -15,7 +15,7 @@ import sys
 
 _ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 _SUBSET = ("q32 kv8 d128 page1 ", "fused_moe up decode", "gdn conv1d prefill", "gdn conv1d decode", "gdn packed decode",
-           "qwen3_5")
+           "qwen3_5", "paged_experts up decode", "paged_experts top-k sum")
 
 
 def _command(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -54,9 +54,14 @@ def test_sglang_kernels_compile_for_sm80_and_gfx1100_and_are_listed():
     }
     # the q/k norm of Qwen3.5's gated attention: with RoPE fused on CUDA, without on ROCm (RoPE is torch there); the
     # Lean decode SGLang runs for long contexts on ROCm
-    only_on = {"cuda:80": {"sglang qwen3_5 qk-norm-rope-gate q16 kv2 d256 rotary64 _fused_qk_rmsnorm_rope_gate_kernel"},
+    # paged experts: the fused MoE GEMM over the K-slot table (masked entries, no_combine) is the unpaged variant
+    # (built once, not listed again); its top-k sum is a kernel of its own (Triton at decode on CUDA, at prefill on
+    # ROCm)
+    only_on = {"cuda:80": {"sglang qwen3_5 qk-norm-rope-gate q16 kv2 d256 rotary64 _fused_qk_rmsnorm_rope_gate_kernel",
+                           "sglang paged_experts top-k sum decode top8 h2048 _moe_sum_reduce_kernel"},
                "hip:gfx1100": {"sglang qwen3_5 qk-norm-gate q16 kv2 d256 _fused_qk_gemma_rmsnorm_gate_kernel",
-                               "sglang decode lean q32 kv8 d128 page1 _lean_attention_decode_kernel"}}
+                               "sglang decode lean q32 kv8 d128 page1 _lean_attention_decode_kernel",
+                               "sglang paged_experts top-k sum prefill top8 h2048 _moe_sum_reduce_kernel"}}
     for target in ("cuda:80", "hip:gfx1100"):
         built = {label for (t, label), status in rows.items() if t == target and status == "ok"}
         assert built == expected | only_on[target], f"{target}: {sorted(built ^ (expected | only_on[target]))}"
@@ -64,6 +69,8 @@ def test_sglang_kernels_compile_for_sm80_and_gfx1100_and_are_listed():
         assert f"sglang {target}: {n} compiled, 0 failed" in out.stdout, out.stdout
     assert rows[("hip:gfx1100", "sglang qwen3_5 qk-norm-rope-gate q16 kv2 d256 rotary64")] == "skipped"
     assert rows[("cuda:80", "sglang qwen3_5 qk-norm-gate q16 kv2 d256")] == "skipped"
+    assert rows[("cuda:80", "sglang paged_experts top-k sum prefill top8 h2048")] == "skipped"
+    assert not any("paged_experts up decode" in label for _, label in rows), "the unpaged GEMM variant built twice"
     assert "FAIL" not in out.stdout
 
 
