@@ -137,6 +137,10 @@ GEMMA3N_PLE_ATTR = "embed_tokens_per_layer"
 # On device "cpu", ModelRunner pads `intermediate_size` with `attr % padding`; Gemma 3n's is a per-layer list,
 # which raises TypeError. Hooked (AROUND) so list values are padded element-wise.
 HOOK_UPDATE_INTERMEDIATE_SIZE = "sglang.srt.configs.update_config.update_intermediate_size"
+# On device "cpu", ModelRunner also records original_num_attention_heads on every config; Qwen2DecoderLayer then
+# takes head_dim = hidden_size // that, ignoring the config's head_dim. Hooked (AROUND) so an explicit head_dim
+# holds (platform/explicit_head_dim.py).
+HOOK_QWEN2_DECODER_LAYER_INIT = "sglang.srt.models.qwen2.Qwen2DecoderLayer.__init__"
 # torch_native attention (what SGLang picks on device "cpu") allocates its output with `empty_like(q)`; Gemma 3n
 # passes q as [tokens, heads, head_dim], so the output comes back 3-D and o_proj fails. Its forward_extend and
 # forward_decode are hooked (AROUND) to flatten q to 2-D first (the backend views it as [-1, heads, head_dim]).
@@ -370,6 +374,9 @@ HOOKED_SIGNATURES = {
     HOOK_LLAMA_LOAD_WEIGHTS: "(self, weights)",
     # PLE (ple/sglang_glue.py): the hook, and what the import-time patches of qwen4_exp / Gemma 3n replace or wrap
     HOOK_UPDATE_INTERMEDIATE_SIZE: "(model_config, attr_name, intermediate_padding_size)",
+    # the CPU platform: an explicit head_dim on Qwen2-layer models (platform/explicit_head_dim.py)
+    HOOK_QWEN2_DECODER_LAYER_INIT: (
+        "(self, config, layer_id=0, start_layer=0, quant_config=None, prefix='', alt_stream=None)"),
     f"{QWEN4_MODULE}.{QWEN4_HOST_EMBEDDING}.__init__": "(self, embedding, *, backend='pinned', table_dir=None)",
     f"{QWEN4_MODULE}.{QWEN4_HOST_EMBEDDING}.gather": "(self, input_ids, out=None)",
     f"{QWEN4_MODULE}.{QWEN4_TOP_MODEL}.load_weights": "(self, weights)",

@@ -53,11 +53,11 @@ def _common_config(architecture: str, model_type: str, **fields) -> dict:
     }
 
 
-def llama_d128_config() -> dict:
-    """Dense Llama, head_dim 128 (full RoPE), 4 query / 2 KV heads. hidden_size = heads x head_dim: SGLang's Qwen2
-    layers (which the MiMo twin of this model is served by) ignore a config's head_dim and take hidden / heads."""
+def llama_d128_config(hidden_size: int = 512) -> dict:
+    """Dense Llama, head_dim 128 (full RoPE), 4 query / 2 KV heads; hidden_size 512 = heads x head_dim, or another
+    (llama-d128-h256: head_dim is not hidden / heads, as in MiMo)."""
     return _common_config(
-        "LlamaForCausalLM", "llama", hidden_size=512, intermediate_size=512, num_hidden_layers=2,
+        "LlamaForCausalLM", "llama", hidden_size=hidden_size, intermediate_size=512, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=128, rms_norm_eps=1e-5,
         rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, attention_bias=False, mlp_bias=False,
     )  # fmt: skip
@@ -160,6 +160,10 @@ TINY_MODELS: dict[str, Callable[[Path], None]] = {
     "stablelm-d256-r64": _write_dense("stablelm-d256-r64", stablelm_d256_r64_config),
     # llama-d128 with one MTP layer, served as MiMo: target and draft of --speculative-algorithm NEXTN.
     "mimo-d128": _write_mimo_of("llama-d128"),
+    # hidden 256 with 4 heads of 128 (head_dim != hidden / heads): SGLang's Qwen2 layers took
+    # hidden / heads on the CPU platform (platform/explicit_head_dim.py)
+    "llama-d128-h256": _write_dense("llama-d128-h256", lambda: llama_d128_config(hidden_size=256)),
+    "mimo-d128-h256": _write_mimo_of("llama-d128-h256"),
 }
 # Hybrid GDN + full-attention models (qwen3_5, qwen3_5_moe, qwen4_exp): tiny_hybrid.py builds them from this
 # module's helpers.
