@@ -186,9 +186,13 @@ class CompressedTritonAttnBackend(compat.TritonAttnBackend):
         spec = forward_batch.spec_info
         if mode.is_decode_or_idle():
             q_len, tree = 1, False
-            # multi-step drafts hand in their own kv lists (topk rows per request): SGLang's batch is their count
+            # multi-step drafts hand in their own kv lists, topk rows per request (SGLang slices its kv_indptr to
+            # them), each over its request's tokens: the rows are the plan's batch, and their KV total is topk x the
+            # requests' (the mean length per row stays the requests')
             rows = spec.kv_indptr.shape[0] - 1 if spec is not None and spec.kv_indptr is not None else None
             batch = rows if rows is not None else forward_batch.batch_size
+            if rows is not None and seq_lens_sum is not None and forward_batch.batch_size:
+                seq_lens_sum = seq_lens_sum * rows // forward_batch.batch_size
         elif mode.is_target_verify():
             q_len, tree = verify_shape(forward_batch, self.num_head // self.num_kv_head)
             if q_len == 1:

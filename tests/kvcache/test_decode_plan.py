@@ -282,3 +282,17 @@ def test_extend_prefix_scratch_follows_the_lengths_not_the_kv_indices_buffer(run
         assert err < 1e-4, f"host_prefix={host_prefix}: extend differs from the reference by {err}"
     # the lengths unknown when the plan is made (a CUDA-graph capture): the direct kernel, no buffer sized by them
     assert backend.plan_extend_batch(fb, None).scratch is None
+
+
+def test_draft_decode_rows_plan_from_their_requests_lengths(runtime, on_h200):
+    # A multi-step draft step (topk 2) gives topk kv rows per request, each as long as its request: the plan's mean
+    # length is the requests' (8k here: int8 takes the Gluon stage 1), not seq_lens_sum spread over the rows (4k).
+    from sglang_ext.kernels.launch_table import MMA_INT8_MIN_TOKENS
+
+    backend = make_backend(runtime, "int8")
+    topk, requests = 2, 2
+    draft = SimpleNamespace(forward_mode=compat.ForwardMode.DECODE, batch_size=requests,
+                            spec_info=SimpleNamespace(kv_indptr=torch.zeros(requests * topk + 1, dtype=torch.int32)))
+    plan = backend.plan_batch(draft, requests * MMA_INT8_MIN_TOKENS)
+    assert plan.batch == requests * topk and plan.stage1 == "mma", plan
+    assert backend.plan_batch(draft, requests * MMA_INT8_MIN_TOKENS // 2).stage1 == "triton"
