@@ -1,13 +1,25 @@
-"""Tiny Qwen3.5 (3 GDN layers + 1 full-attention layer) sharded on the CPU platform through gloo: tensor parallel
-(TP=2: each rank holds 1 of the 2 KV heads and 3 of the 6 GDN value heads, with their recurrent and conv state)
-and pipeline parallel (PP=3 over an explicit split: the stages' Mamba pools hold only their own GDN layers) each
-give the greedy tokens of transformers' float32 implementation of the same checkpoint, which
-tests/hybrid/test_hybrid_serving.py shows TP=1 gives on these prompts and flags.
+"""Tiny Qwen3.5 (3 GDN layers + 1 full-attention layer with 2 KV heads) sharded on the CPU platform through gloo.
+
+TP=2 with float32 KV (test_tp2_equals_transformers): each rank holds 1 of the 2 KV heads and 3 of the 6 GDN value
+heads, with their recurrent and conv state; 4 prompts at once give the greedy tokens of transformers' float32
+implementation of the same checkpoint, which tests/hybrid/test_hybrid_serving.py shows TP=1 gives on these prompts
+and flags. Log-probabilities within 1e-4: TP sums the row-parallel projections' partial products through an
+all-reduce, a different float32 summation order than one GEMM (largest gap measured over 4 prompts x 16 tokens:
+1.8e-5).
+
+Compressed KV sharded (test_compressed_kv_sharded_equals_single_process): each format serves once in one process
+and once sharded, the same 4 prompts one at a time (each prefills in one chunk and decodes at batch 1 in both
+servers), and the sharded server gives the single-process greedy tokens. One layout per format, so that every
+format meets a sharded pool and tensor and pipeline parallelism each meet two formats: int8 at TP=2 (each rank
+quantizes and holds its one KV head), octave_k3v4 at PP=3 with `--pp-layer-partition auto` (1,2,1: two stages hold
+only GDN layers and a compressed pool without layers, the last holds the full-attention layer's planes; the stages'
+Mamba pools hold only their own GDN layers), octave_k3v3 at TP=2 x PP=2 with `auto` (3,1) on the Triton backend
+under TRITON_INTERPRET (its per-batch decode plan on a stage without full-attention layers). Log-probabilities
+within 1e-2: under TP a K or V element computed with another summation order can round to a neighbouring code
+(largest gaps measured: at COMPRESSED_LOGPROB_TOL).
 
 Flags as in test_hybrid_serving.py (float32 weights and conv state, no_buffer Mamba radix strategy without overlap,
-a 16-slot Mamba pool). Log-probabilities are compared with the same 1e-4 bound: TP sums the row-parallel
-projections' partial products through an all-reduce, a different float32 summation order than one GEMM; the
-largest gap measured over these 4 prompts x 16 tokens was 1.8e-5 at TP=2 and 1.6e-5 at PP=3."""
+a 16-slot Mamba pool)."""
 
 import concurrent.futures
 import os
@@ -55,6 +67,17 @@ def reference(checkpoint, prompts):
     return model, tokens
 
 
+# (KV format, attention backend, sharded layout, expected SGLANG_PP_LAYER_PARTITION or None)
+COMPRESSED_LAYOUTS = (
+    ("int8", "torch_native", ("--tp-size", "2"), None),
+    ("octave_k3v4", "torch_native", ("--pp-size", "3", "--pp-layer-partition", "auto"), "1,2,1"),
+    ("octave_k3v3", "triton", ("--tp-size", "2", "--pp-size", "2", "--pp-layer-partition", "auto"), "3,1"),
+)
+# Largest gap measured over the 4 prompts x 16 tokens: int8 TP=2 6.2e-4, octave_k3v4 PP=3 0 (PP keeps every
+# summation order), octave_k3v3 TP=2 x PP=2 1.9e-3.
+COMPRESSED_LOGPROB_TOL = 1e-2
+
+
 def _serve(checkpoint, args, env, name):
     return ServerProcess(checkpoint, [*HYBRID_ARGS, *args], env={**HYBRID_ENV, **env}, name=name).start()
 
@@ -69,6 +92,18 @@ def _ask_batch(server, prompts) -> list[dict]:
 
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:  # one batch: varlen extend, batched decode
         return list(pool.map(ask, prompts))
+
+
+def _ask_each(server, prompts) -> list[dict]:
+    """One request at a time: every prompt prefills in one chunk and decodes alone, whatever the layout."""
+    replies = []
+    for ids in prompts:
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0.0},
+                "return_logprob": True}
+        reply = requests.post(f"{server.url}/generate", json=body, timeout=900)
+        reply.raise_for_status()
+        replies.append(reply.json())
+    return replies
 
 
 def _assert_equals_reference(replies, prompts, reference, what):
@@ -93,13 +128,40 @@ def test_tp2_equals_transformers(checkpoint, prompts, reference):
         server.stop()
 
 
-def test_pp3_explicit_split_equals_transformers(checkpoint, prompts, reference):
-    # 2,1,1 is not SGLang's default split (1,1,2): the GDN layers 0-1 on stage 0, GDN layer 2 on stage 1, the
-    # full-attention layer 3 (the only KV layer) on stage 2.
-    server = _serve(checkpoint, ("--pp-size", "3", "--pp-layer-partition", "2,1,1"), _binding(3), "hybrid-pp3")
+@pytest.mark.parametrize("kv_dtype, backend, layout, partition", COMPRESSED_LAYOUTS,
+                         ids=[c[0] for c in COMPRESSED_LAYOUTS])
+def test_compressed_kv_sharded_equals_single_process(checkpoint, prompts, kv_dtype, backend, layout, partition,
+                                                     record_property):
+    kv = ("--kv-cache-dtype", kv_dtype, "--attention-backend", backend)
+    backend_env = {}
+    if backend == "triton":  # our Triton kernels, run by Triton's interpreter on this platform
+        kv += ("--triton-attention-num-kv-splits", "2")
+        backend_env["TRITON_INTERPRET"] = "1"
+    single = _serve(checkpoint, kv, backend_env, f"hybrid-{kv_dtype}")
     try:
-        assert "SGLANG_PP_LAYER_PARTITION=2,1,1 (from --pp-layer-partition)" in server.log_text()
-        assert server.server_info().get("pp_size") == 3
-        _assert_equals_reference(_ask_batch(server, prompts), prompts, reference, "pp 3 (2,1,1)")
+        expected = _ask_each(single, prompts)
     finally:
-        server.stop()
+        single.stop()
+    tp = int(layout[layout.index("--tp-size") + 1]) if "--tp-size" in layout else 1
+    pp = int(layout[layout.index("--pp-size") + 1]) if "--pp-size" in layout else 1
+    sharded = _serve(checkpoint, (*kv, *layout), {**backend_env, **_binding(tp * pp)}, f"hybrid-{kv_dtype}-tp{tp}-pp{pp}")
+    try:
+        info = sharded.server_info()
+        assert (info.get("tp_size"), info.get("pp_size")) == (tp, pp), info
+        if partition is not None:
+            assert f"SGLANG_PP_LAYER_PARTITION={partition} (from --pp-layer-partition)" in sharded.log_text()
+        got = _ask_each(sharded, prompts)
+    finally:
+        sharded.stop()
+    what = f"{kv_dtype} tp {tp} pp {pp}"
+    gap = 0.0
+    for ids, a, b in zip(prompts, got, expected):
+        first_diff = next((i for i, (x, y) in enumerate(zip(a["output_ids"], b["output_ids"])) if x != y), None)
+        assert a["output_ids"] == b["output_ids"], (
+            f"{what}, prompt of {len(ids)} tokens: first difference at token {first_diff}: "
+            f"{a['output_ids']} vs single process {b['output_ids']}"
+        )
+        pairs = zip(a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"])
+        gap = max(gap, *(abs(x[0] - y[0]) for x, y in pairs))
+    record_property("max_logprob_gap", gap)
+    assert gap < COMPRESSED_LOGPROB_TOL, f"{what}: log-probabilities differ from the single process by {gap:.2e}"
