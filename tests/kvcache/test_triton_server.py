@@ -14,15 +14,17 @@ decode, chunked-prefill and radix requests with speculation on; its oracle is th
 the same model and format, since speculative greedy output equals plain decoding (verify reads the drafts back
 from the compressed pool, as decode reads its current token).
 
-Cost (4 cases, 7 servers, `-n 0`): 975 s on the 2-core development machine at a load average of 6-10 (other
-test runs beside it): server start-ups 100-155 s each there, workloads 18-62 s per triton server. Drafts
-accepted: 12 (chain), 13 (tree), 4 (NGRAM).
+Cost on the 2-core development machine at a load average of 6-10 (other test runs beside it): the 4 cases (7
+servers) 975 s as first measured, the two d128 cases on mimo-d128-h256 alone (4 servers) 585 s; server start-ups
+100-155 s each there, workloads 18-62 s per triton server. The hybrid NEXTN tests (3 servers: plain, chain, tree)
+492 s. Drafts accepted: 11 (d128 chain), 13 (d128 tree), 4 (NGRAM), 19 / 23 of 48 tokens (hybrid chain / tree).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 import time
 
@@ -51,13 +53,14 @@ NGRAM_ARGS = ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-token
 
 # (case id, tiny model, --kv-cache-dtype, feature flags): every feature, format and head size at least once, with
 # as few servers as that takes (seven: a server's start-up costs more than its workload). The references are per
-# model and format; mimo-d128 is llama-d128 plus an MTP layer, its target computes exactly what llama-d128 does.
-# Not run here: head_dim 256 with int8 or octave_k3v3, head_dim 128 with octave_k3v4, plain (non-speculative)
-# serving at head_dim 128 (its decode kernel runs in every NEXTN draft step), NGRAM at head_dim 128, and NEXTN at
-# head_dim 256 (no MTP twin of the StableLM model).
+# model and format; mimo-d128-h256 is a MiMo model (target + MTP layer) whose head_dim 128 is not hidden / heads
+# (256 / 4), which SGLang's Qwen2 layers got wrong on the CPU platform (platform/explicit_head_dim.py).
+# NEXTN at head_dim 256 runs on the hybrid below (int8). Not run here: head_dim 256 with octave_k3v3, head_dim 128
+# with octave_k3v4, plain (non-speculative) serving at head_dim 128 (its decode kernel runs in every NEXTN draft
+# step), NGRAM at head_dim 128.
 CASES = (
-    ("d128-int8-nextn-chain", "mimo-d128", "int8", nextn_args(1, 4)),
-    ("d128-octave_k3v3-nextn-tree", "mimo-d128", "octave_k3v3", nextn_args(2, 6)),
+    ("d128-int8-nextn-chain", "mimo-d128-h256", "int8", nextn_args(1, 4)),
+    ("d128-octave_k3v3-nextn-tree", "mimo-d128-h256", "octave_k3v3", nextn_args(2, 6)),
     ("d256-octave_k3v4-plain", "stablelm-d256-r64", "octave_k3v4", MIXED_ARGS),
     ("d256-octave_k3v4-ngram", "stablelm-d256-r64", "octave_k3v4", NGRAM_ARGS),
 )
@@ -168,6 +171,69 @@ def test_triton_greedy_equals_torch_native(case, model, kv, features, record_pro
         # Accepted drafts exercise the verify rows past the first and the move of their K/V (tiny.py's models
         # are built so that drafts are often right).
         assert accepted > 0, f"{case}: no draft was accepted in {verified} verify steps"
+
+
+# NEXTN on a hybrid: tiny Qwen3.5 (Gated DeltaNet + full attention at head_dim 256, RoPE on 64 dims, MTP layer),
+# int8 KV through our Triton kernels. Chain (q_len 4) and tree (topk 2, 6 draft tokens: the decode kernel's tree
+# mask) verify give the plain Triton server's greedy tokens over the same format, and drafts are accepted. The MTP
+# layer is made to guess as in tests/hybrid/test_hybrid_mtp.py (its input fusion passes only the next token's
+# embedding, its decoder layer adds nothing; the target's branch outputs scaled by 0.3).
+HYBRID_ARGS = ("--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--max-mamba-cache-size",
+               "16", "--mem-fraction-static", "0.95")
+HYBRID_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32", "TRITON_INTERPRET": "1"}
+HYBRID_PROMPT_LENGTHS, HYBRID_NEW_TOKENS = (6, 20, 40), 16
+HYBRID_DRAFTS = {"chain": nextn_args(1, 4), "tree": nextn_args(2, 6)}
+
+
+def guessing_hybrid_checkpoint(out) -> str:
+    from safetensors.torch import load_file, save_file
+
+    from sglang_ext.models.tiny import prepare_tiny
+
+    base = prepare_tiny("qwen3_5")
+    out.mkdir(parents=True, exist_ok=True)
+    for f in base.iterdir():
+        if f.is_file() and f.name != "model.safetensors":
+            shutil.copy(f, out / f.name)
+    weights = load_file(base / "model.safetensors")
+    hidden = weights["mtp.fc.weight"].shape[0]
+    weights["mtp.fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
+    for name in list(weights):
+        if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight")):
+            weights[name] = weights[name] * (0.0 if name.startswith("mtp.") else 0.3)
+    save_file(weights, out / "model.safetensors")
+    return str(out)
+
+
+def hybrid_greedy(checkpoint: str, features: tuple[str, ...], name: str) -> list[dict]:
+    gen = torch.Generator().manual_seed(0)
+    prompts = [[1] + torch.randint(3, 49000, (n - 1,), generator=gen).tolist() for n in HYBRID_PROMPT_LENGTHS]
+    server = ServerProcess(checkpoint, ["--attention-backend", "triton", "--kv-cache-dtype", "int8", *COMMON_ARGS,
+                                        *HYBRID_ARGS, *features], env=HYBRID_ENV, name=name)
+    try:
+        server.start()
+        return [generate(server, ids, HYBRID_NEW_TOKENS) for ids in prompts]  # batch 1: one request per verify
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def hybrid_plain(tmp_path_factory):
+    checkpoint = guessing_hybrid_checkpoint(tmp_path_factory.mktemp("hybrid-triton") / "qwen3_5")
+    return checkpoint, hybrid_greedy(checkpoint, (), "triton-hybrid-plain")
+
+
+@pytest.mark.parametrize("draft", sorted(HYBRID_DRAFTS))
+def test_triton_nextn_on_hybrid_d256_equals_plain(hybrid_plain, draft, record_property):
+    checkpoint, plain = hybrid_plain
+    outs = hybrid_greedy(checkpoint, HYBRID_DRAFTS[draft], f"triton-hybrid-{draft}")
+    for i, (got, want) in enumerate(zip(outs, plain, strict=True)):
+        assert got["output_ids"] == want["output_ids"], (
+            f"{draft}, prompt {i}: NEXTN {got['output_ids']} != plain {want['output_ids']}")
+    verified = sum(r["meta_info"].get("spec_verify_ct", 0) for r in outs)
+    accepted = HYBRID_NEW_TOKENS * len(outs) - verified
+    record_property("accepted_drafts", accepted)
+    assert verified > 0 and accepted > 0, f"{draft}: {verified} verify steps, {accepted} drafts accepted"
 
 
 @pytest.mark.parametrize("flag", ["attention_backend", "decode_attention_backend", "speculative_draft_attention_backend"])
