@@ -21,6 +21,12 @@ _LAZY = {
     "PlatformEnum": "sglang.srt.platforms.device_mixin:PlatformEnum",
     "CpuDeviceMixin": "sglang.srt.platforms.cpu:CpuDeviceMixin",  # CPU device ops: psutil memory, gloo
     "CudaDeviceMixin": "sglang.srt.platforms.cuda:CudaDeviceMixin",  # CUDA/ROCm device ops: torch.cuda, NCCL
+    # Graph runners an out-of-tree platform must name (SGLang refuses to fall back to its CUDA ones for it): the
+    # decode / verify runner and the EAGLE draft decode / draft extend runners, what SGLang itself uses on CUDA.
+    "DecodeCudaGraphRunner": "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner",
+    "EAGLEDraftCudaGraphRunner": "sglang.srt.speculative.eagle_draft_cuda_graph_runner:EAGLEDraftCudaGraphRunner",
+    "EAGLEDraftExtendCudaGraphRunner":
+        "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner:EAGLEDraftExtendCudaGraphRunner",
     # Internal: SGLang's HiCache page-hash extension (C++, built by torch on first use; hicache/hooks.py loads it
     # while the storage backend is created, not in the prefetch thread).
     "load_hicache_native_hash": "sglang.srt.mem_cache.cpp_utils.native_hash:_load_native_hash_module",

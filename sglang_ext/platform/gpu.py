@@ -64,6 +64,19 @@ class PortableGpuPlatform(compat.CudaDeviceMixin, compat.SRTPlatform):
     def get_dispatch_key_name(self) -> str:
         return "native"
 
+    # CUDA graphs: SGLang stops an out-of-tree platform that names no runner (its in-tree fallback is keyed by
+    # device name and would hand "cuda" its CUDA runner without asking). These are the runners SGLang uses on CUDA
+    # with the Triton backend: they capture torch and Triton launches, which is all this platform runs.
+    def get_graph_runner_cls(self):
+        return compat.DecodeCudaGraphRunner
+
+    def get_speculative_graph_runner_cls(self, algorithm: str, phase: str):
+        if phase == "draft_decode":
+            return compat.EAGLEDraftCudaGraphRunner
+        if phase == "draft_extend":
+            return compat.EAGLEDraftExtendCudaGraphRunner
+        return None  # a phase this SGLang version does not have: run it eagerly
+
     # Hybrid models' radix cache with the overlap scheduler ("extra_buffer", SGLang's choice on CUDA): the state
     # snapshots are torch copies and SGLang's Triton conv / GDN kernels, the same code CUDA runs.
     def support_mamba_cache_extra_buffer(self) -> bool:

@@ -117,4 +117,8 @@ print(json.dumps({
     "unprovided_call": refusal(lambda: sgl_kernel.kvcacheio.transfer_kv_per_layer(None)),
     "flashinfer_backend": refusal(lambda: resolved(["--attention-backend", "flashinfer"])),
     "hybrid": None if hybrid is None else (refusal(hybrid_resolved) or hybrid_resolved()),
+    "graph_runners": {
+        "decode": getattr(current_platform.get_graph_runner_cls(), "__name__", None),
+        **{phase: getattr(current_platform.get_speculative_graph_runner_cls("EAGLE", phase), "__name__", None)
+           for phase in ("draft_decode", "draft_extend")}},
 }))

@@ -106,6 +106,10 @@ def test_sglang_process_on_the_platform(model_dir, device, environ):
     assert result["sgl_kernel"] == "GuardedModule" and result["aiter"] == "GuardedModule"
     assert result["silu_and_mul"] == "sglang_ext.platform.gpu_ops.silu_and_mul"
     assert result["failed_imports"] == {}
+    # CUDA graphs: SGLang refuses an out-of-tree platform that names no runner (the first capture stopped with
+    # "provides no CUDA graph runner"); these are its own CUDA runners, imported here without sgl_kernel
+    assert result["graph_runners"] == {"decode": "DecodeCudaGraphRunner", "draft_decode": "EAGLEDraftCudaGraphRunner",
+                                       "draft_extend": "EAGLEDraftExtendCudaGraphRunner"}
     # the launcher's sglang-kernel version check is skipped (asked for 99.0: it would refuse any installed version)
     assert result["sgl_kernel_version_check"] is None
     assert result["unprovided_call"] == ("NotImplementedError: sgl_kernel.kvcacheio.transfer_kv_per_layer "
