@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import sys
 import tempfile
 import time
@@ -117,10 +118,12 @@ def cmd_serve(args) -> None:
     model = str(prepare_tiny("qwen3_5_moe"))
     gen = torch.Generator().manual_seed(0)
     prompts = [[1] + torch.randint(3, 49000, (n - 1,), generator=gen).tolist() for n in (12, 40)]
+    load_before = os.getloadavg()
     base, base_tps = _serve_once(model, [], prompts, args.tokens, None)
-    print("| K (of 8) | tokens/s (2 requests, batched) | same tokens as unpaged | hit rate (server trace) |")
-    print("| --- | --- | --- | --- |")
-    print(f"| unpaged | {base_tps:.1f} | - | - |")
+    print("| K (of 8) | tokens/s (2 requests, batched) | same tokens as unpaged | hit rate (server trace) "
+          "| load average (1 min) after |")
+    print("| --- | --- | --- | --- | --- |")
+    print(f"| unpaged | {base_tps:.1f} | - | - | {os.getloadavg()[0]:.1f} |")
     for k in args.k:
         trace = tempfile.mktemp(suffix=".jsonl")
         out, tps = _serve_once(model, ["--enable-paged-experts", "--paged-experts-num-resident", str(k)], prompts,
@@ -128,7 +131,9 @@ def cmd_serve(args) -> None:
         recs = server_trace_loads(trace)
         accesses = sum(len(r["experts"]) for r in recs)
         misses = sum(len(r["loads"]) for r in recs)
-        print(f"| {k} | {tps:.1f} | {out == base} | {1 - misses / accesses:.3f} |")
+        print(f"| {k} | {tps:.1f} | {out == base} | {1 - misses / accesses:.3f} | {os.getloadavg()[0]:.1f} |")
+    print(f"load average (1, 5, 15 min) before: {' '.join(f'{v:.1f}' for v in load_before)}, after: "
+          f"{' '.join(f'{v:.1f}' for v in os.getloadavg())} on {os.cpu_count()} cores")
 
 
 def main() -> None:
