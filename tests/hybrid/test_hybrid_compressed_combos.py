@@ -1,61 +1,65 @@
-"""Compressed KV (`--kv-cache-dtype octave_k3v4`) on a hybrid GDN model together with NEXTN speculative decoding
-from the model's MTP layer and the HiCache host tier: tiny Qwen3.5 on stock launch_server on the CPU platform,
-float32, torch_native attention.
+"""Compressed KV on a hybrid GDN model together with NEXTN speculative decoding from the model's MTP layer, the
+HiCache host tier and agent sessions: the checks that tests/hybrid/test_hybrid_kv_formats.py runs per format, and
+the host pool's packing of the MTP draft layer (server-less, below).
 
-- NEXTN chain (topk 1) and tree (topk 2) over octave_k3v4: greedy output token for token equal to plain decoding
-  over octave_k3v4, and drafts accepted. The draft (SGLang's Qwen3_5ForCausalLMMTP) has its own
+The servers live in test_hybrid_kv_formats.py: the per-format plain server is the reference, and one or two NEXTN
+servers per format (ROTATION) compare with it, so that every format meets chain or tree drafts and the host tier
+without a server per (format x feature):
+
+| format      | plain server (torch_native)    | NEXTN servers (torch_native)              |
+|-------------|--------------------------------|-------------------------------------------|
+| int8        | session retention              | chain + host tier + session retention     |
+| octave_k3v4 | session retention              | chain + host tier + session retention; tree |
+| octave_k3v3 | session retention              | tree + host tier + session retention      |
+
+- NEXTN chain (topk 1) / tree (topk 2) over the format: greedy output token for token equal to the plain server
+  over the same format (row-invariant decode over compressed KV is the default,
+  docs/speculative-decoding.md), and drafts accepted. The draft (SGLang's Qwen3_5ForCausalLMMTP) has its own
   HybridLinearKVPool whose full-attention sub-pool holds the format's planes; its attention must be our
-  compressed backend (before the fix in spec/draft_backends.py it got SGLang's dense torch_native backend, which
-  the compressed pool refuses: the scheduler died on the first prefill).
-- HiCache host tier over octave_k3v4: an agent turn pushed out of the 600-token device pool by one long prompt
-  comes back from host RAM (format planes + recurrent state; cached_tokens_details says host) and answers as the
-  device hit and the cold request did, log-probabilities included.
-- All three together (the chain server runs the host tier too): SGLang packs the MTP draft's KV layer into the
-  KV host pool; the compressed host pool refused that at start-up before (hicache/host_pool.py), now it carries
-  the draft's planes after the target's. The MTP layer of this checkpoint drafts without its attention (o_proj
-  zero, see below), so a wrong draft KV page would not show in the served tokens: the bit-exact round trip of the
-  draft layer is checked on the host pool itself (test_host_pool_packs_the_mtp_draft_layer).
-
-Checkpoint and NEXTN settings as tests/hybrid/test_hybrid_mtp.py (the MTP layer made able to guess); the host
-tier recipe as tests/hybrid/test_hybrid_sessions.py. Three servers, at most two at once: the plain one is the
-HiCache server (with the cache flushed first its greedy output is plain decoding: row-invariant decode over
-compressed KV is the default, docs/speculative-decoding.md), NEXTN chain + host tier, NEXTN tree.
+  compressed backend (spec/draft_backends.py).
+- HiCache host tier with NEXTN on: an agent turn pushed out of the 600-token device pool by one long prompt comes
+  back from host RAM (format planes of the target's and the MTP layer's KV + recurrent state;
+  cached_tokens_details says host) and answers as the device hit and the cold request did, log-probabilities and
+  verify counts included. The server runs --session-retention-seconds too: the device hit is the second agent
+  turn, cached up to the first turn's last answer token, and the one long prompt still pushes the retained
+  session to the host tier. The MTP layer of this checkpoint drafts without its attention (o_proj zero, see
+  test_hybrid_mtp.py), so a wrong draft KV page would not show in the served tokens: the bit-exact round trip of
+  the draft layer is checked on the host pool itself (test_host_pool_packs_the_mtp_draft_layer).
 """
 
 import pytest
 import requests
 import torch
-from server import ServerProcess
-from test_hybrid_mtp import _guessing_mtp_checkpoint
 
-from sglang_ext.models.tiny import prepare_tiny
-
-KV_FORMAT = "octave_k3v4"
-PROMPT_LENGTHS = (6, 20, 40, 71)
-NEW_TOKENS = 32
+NEXTN_PROMPT_LENGTHS = (6, 20, 40, 71)
+NEXTN_NEW_TOKENS = 32
 DEVICE_TOKENS = 600
 HOST_NEW_TOKENS = 16
-HYBRID_ARGS = ("--dtype", "float32", "--kv-cache-dtype", KV_FORMAT, "--attention-backend", "torch_native",
-               "--enable-cache-report", "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule",
-               "--max-mamba-cache-size", "16", "--mem-fraction-static", "0.95")
-HYBRID_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 HICACHE_ARGS = ("--max-total-tokens", str(DEVICE_TOKENS), "--enable-hierarchical-cache", "--hicache-io-backend",
-                "direct", "--hicache-mem-layout", "page_first_direct", "--hicache-ratio", "2")
-# (name, --speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens)
-DRAFTS = (("chain", 3, 1, 4), ("tree", 3, 2, 6))
+                "direct", "--hicache-mem-layout", "page_first_direct", "--hicache-ratio", "2",
+                "--session-retention-seconds", "600")
+# name: (--speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens)
+DRAFTS = {"chain": (3, 1, 4), "tree": (3, 2, 6)}
+# format: ((draft, with the host tier), ...): every format meets a draft shape and the host tier
+ROTATION = {
+    "int8": (("chain", True),),
+    "octave_k3v4": (("chain", True), ("tree", False)),
+    "octave_k3v3": (("tree", True),),
+}
 
 
-@pytest.fixture(scope="module")
-def checkpoint(model_dir, tmp_path_factory):  # model_dir: the built-in tokenizer the tiny model copies
-    return _guessing_mtp_checkpoint(prepare_tiny("qwen3_5"), tmp_path_factory.mktemp("hybrid-combos") / "qwen3_5")
+def nextn_args(draft: str) -> tuple[str, ...]:
+    steps, topk, draft_tokens = DRAFTS[draft]
+    return ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", str(steps), "--speculative-eagle-topk",
+            str(topk), "--speculative-num-draft-tokens", str(draft_tokens))
 
 
-def _prompts() -> list[list[int]]:
+def nextn_prompts() -> list[list[int]]:
     gen = torch.Generator().manual_seed(0)
-    return [[1] + torch.randint(3, 49000, (n - 1,), generator=gen).tolist() for n in PROMPT_LENGTHS]
+    return [[1] + torch.randint(3, 49000, (n - 1,), generator=gen).tolist() for n in NEXTN_PROMPT_LENGTHS]
 
 
-def _generate(server, ids, new_tokens, logprobs=False) -> dict:
+def generate(server, ids, new_tokens, logprobs=False) -> dict:
     body = {"input_ids": ids, "return_logprob": logprobs,
             "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}}
     reply = requests.post(f"{server.url}/generate", json=body, timeout=900)
@@ -63,59 +67,38 @@ def _generate(server, ids, new_tokens, logprobs=False) -> dict:
     return reply.json()
 
 
-def _greedy(server) -> list[dict]:
-    return [_generate(server, ids, NEW_TOKENS) for ids in _prompts()]  # batch 1: each verify is one request's
+def greedy(server) -> list[dict]:
+    return [generate(server, ids, NEXTN_NEW_TOKENS) for ids in nextn_prompts()]  # batch 1: one request per verify
 
 
-@pytest.fixture(scope="module")
-def hicache_server(checkpoint):
-    server = ServerProcess(checkpoint, [*HYBRID_ARGS, *HICACHE_ARGS], env=HYBRID_ENV,
-                           name=f"hybrid-{KV_FORMAT}-hicache").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def plain(hicache_server):
-    hicache_server.flush_cache()
-    outs = _greedy(hicache_server)
-    assert all(o["meta_info"]["cached_tokens"] == 0 for o in outs)
-    return outs
-
-
-def _nextn_server(checkpoint, name, steps, topk, draft_tokens, extra=()) -> ServerProcess:
-    return ServerProcess(checkpoint, [
-        *HYBRID_ARGS, "--speculative-algorithm", "NEXTN", "--speculative-num-steps", str(steps),
-        "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(draft_tokens), *extra,
-    ], env=HYBRID_ENV, name=f"hybrid-{KV_FORMAT}-{name}").start()
-
-
-def _check_nextn_equals_plain(server, plain, name, record_property):
-    outs = _greedy(server)
-    for ids, got, want in zip(_prompts(), outs, plain):
+def check_nextn_equals_plain(server, plain, label) -> float:
+    """NEXTN's greedy output on the NEXTN prompts equals `plain` (the same prompts on the plain server) token for
+    token and drafts were accepted; returns the accept length."""
+    outs = greedy(server)
+    for ids, got, want in zip(nextn_prompts(), outs, plain):
         first_diff = next((i for i, (a, b) in enumerate(zip(got["output_ids"], want["output_ids"])) if a != b), None)
-        assert first_diff is None and len(got["output_ids"]) == NEW_TOKENS, (
-            f"{KV_FORMAT} {name}, prompt of {len(ids)} tokens: NEXTN parts from plain at token {first_diff}")
+        assert first_diff is None and len(got["output_ids"]) == NEXTN_NEW_TOKENS, (
+            f"{label}, prompt of {len(ids)} tokens: NEXTN parts from plain at token {first_diff}")
     verifies = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
-    accept_length = NEW_TOKENS * len(outs) / verifies
-    record_property(f"{name}_accept_length", accept_length)
-    assert accept_length > 1.1, f"{name}: accept length {accept_length:.2f}: (almost) no MTP draft was accepted"
+    accept_length = NEXTN_NEW_TOKENS * len(outs) / verifies
+    assert accept_length > 1.1, f"{label}: accept length {accept_length:.2f}: (almost) no MTP draft was accepted"
+    return accept_length
 
 
-def _host_round_trip(server) -> dict:
-    """An agent turn's greedy answer cold, as a device hit, and as a host hit after one long prompt pushed its
-    prefix out of the device pool; asserts the hits happened where expected (cached_tokens_details) and returns
-    {kind: (output ids, meta_info, token log-probabilities)}."""
-    assert f"sglang-ext HiCache host pool: {KV_FORMAT}" in server.log_text(), "not the compressed host pool"
+def host_round_trip(server, kv_format: str | None) -> dict:
+    """An agent turn's greedy answer cold, as a device hit (the second turn), and as a host hit after one long
+    prompt pushed its prefix out of the device pool; asserts the hits happened where expected
+    (cached_tokens_details) and returns {kind: (output ids, meta_info, token log-probabilities)}. kv_format: the
+    compressed format the host pool must hold (None: SGLang's dense host pool)."""
+    if kv_format is not None:
+        assert f"sglang-ext HiCache host pool: {kv_format}" in server.log_text(), "not the compressed host pool"
     gen = torch.Generator().manual_seed(40)
 
     def tokens(n):
         return torch.randint(3, 49000, (n,), generator=gen).tolist()
 
     def ask(ids, new_tokens=HOST_NEW_TOKENS):
-        reply = _generate(server, ids, new_tokens, logprobs=True)
+        reply = generate(server, ids, new_tokens, logprobs=True)
         meta = reply["meta_info"]
         return reply["output_ids"], meta, [lp[0] for lp in meta["output_token_logprobs"]]
 
@@ -131,48 +114,23 @@ def _host_round_trip(server) -> dict:
     ask(prompt)
     got["device"] = ask(turn2)
     assert got["device"][1]["cached_tokens_details"] == {"device": reusable, "host": 0}, got["device"][1]
-    # One prompt that needs nearly the whole device pool pushes the turn's prefix out to the host tier.
+    # One prompt that needs nearly the whole device pool pushes the turn's prefix out to the host tier (a
+    # retained session too: retention orders eviction, it does not pin pages a request needs).
     ask([1] + tokens(DEVICE_TOKENS - 41), new_tokens=2)
     got["host"] = ask(turn2)
     assert got["host"][1]["cached_tokens"] == reusable
     assert got["host"][1]["cached_tokens_details"] == {"device": 0, "host": reusable}, (
         f"expected a host-tier hit: {got['host'][1]['cached_tokens_details']}")
     assert got["device"][0] == got["cold"][0] and got["host"][0] == got["device"][0]
+    # The host tier moves the stored bytes as they are: the same pages give the same log-probabilities, and
+    # after a host hit the drafts are the drafts after a device hit.
+    assert got["host"][2] == got["device"][2]
+    if "spec_verify_ct" in got["device"][1]:
+        assert got["host"][1]["spec_verify_ct"] == got["device"][1]["spec_verify_ct"]
     return got
 
 
-def test_host_tier_hit_equals_device_hit(hicache_server):
-    got = _host_round_trip(hicache_server)
-    # The host tier moves the format's bytes as they are: the same planes give the same log-probabilities.
-    assert got["host"][2] == got["device"][2]
-
-
-def test_nextn_chain_with_host_tier(checkpoint, plain, record_property):
-    """NEXTN chain over octave_k3v4 = plain decoding; the same server runs the HiCache host tier, which then
-    carries the MTP draft's KV layer next to the target's (packed draft layers of the compressed host pool)."""
-    name, steps, topk, draft_tokens = DRAFTS[0]
-    server = _nextn_server(checkpoint, f"{name}-hicache", steps, topk, draft_tokens, extra=HICACHE_ARGS)
-    try:
-        _check_nextn_equals_plain(server, plain, name, record_property)
-        got = _host_round_trip(server)
-    finally:
-        server.stop()
-    assert "packed MTP KV layers: target_layers=1, draft_layers=1" in server.log_text()
-    assert got["host"][2] == got["device"][2]
-    # Equal verify counts: the drafts after a host hit are the drafts after a device hit.
-    assert got["host"][1]["spec_verify_ct"] == got["device"][1]["spec_verify_ct"]
-
-
-def test_nextn_tree_equals_plain(checkpoint, plain, record_property):
-    name, steps, topk, draft_tokens = DRAFTS[1]
-    server = _nextn_server(checkpoint, name, steps, topk, draft_tokens, extra=("--max-total-tokens", "2000"))
-    try:
-        _check_nextn_equals_plain(server, plain, name, record_property)
-    finally:
-        server.stop()
-
-
-def _compressed_device_pool(layers: int, fmt_name: str = KV_FORMAT):
+def _compressed_device_pool(layers: int, fmt_name: str = "octave_k3v4"):
     from sglang_ext.kvcache.pool import CompressedMHATokenToKVPool
     from sglang_ext.kvformats import get_format
 

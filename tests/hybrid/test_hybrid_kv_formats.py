@@ -17,10 +17,18 @@ One server per format (start-up dominates the cost), every check through it:
   log-probabilities within the tolerance), then a prompt sharing its first 128 tokens (with the no_buffer strategy
   SGLang keeps the recurrent state where a prefill chunk ended, so the hit covers the prefix up to such a point;
   its output is checked against the oracle).
-The octave_k3v3 server runs `--attention-backend triton` (our Triton kernels inside SGLang's hybrid attention
-backend) under TRITON_INTERPRET=1; int8 and octave_k3v4 run torch_native.
+- agent sessions: the server runs `--session-retention-seconds`; a second turn (prompt + answer + a new message)
+  is cached up to the first turn's last answer token and answers as the same request cold.
+- NEXTN and the HiCache host tier over the format (test_nextn_and_host_tier): the plain server's greedy output is
+  the reference of NEXTN servers started beside it, chain and / or tree drafts and the host tier in the rotation
+  of test_hybrid_compressed_combos.py (ROTATION; the checks are written there).
+Every server runs torch_native (the CPU platform's attention); a case may name `triton` (our Triton kernels inside
+SGLang's hybrid attention backend, under TRITON_INTERPRET=1), which its NEXTN servers then run too: the
+interpreter made an octave_k3v3 NEXTN tree + host tier server cost 700 s, so the Triton backend on a hybrid is left
+to tests/kvcache/test_triton_server.py.
 Flags shared with tests/hybrid/test_hybrid_serving.py: float32 conv state, `--mamba-radix-cache-strategy
-no_buffer --disable-overlap-schedule`, a 16-slot Mamba pool.
+no_buffer --disable-overlap-schedule`, a 16-slot Mamba pool. The checkpoint is the tiny Qwen3.5 with its MTP layer
+made able to guess (tests/hybrid/test_hybrid_mtp.py), so that NEXTN accepts drafts.
 """
 
 from __future__ import annotations
@@ -37,6 +45,15 @@ import pytest
 import requests
 import torch
 from server import ServerProcess, free_port
+from test_hybrid_compressed_combos import (
+    HICACHE_ARGS,
+    ROTATION,
+    check_nextn_equals_plain,
+    greedy,
+    host_round_trip,
+    nextn_args,
+)
+from test_hybrid_mtp import _guessing_mtp_checkpoint
 
 from sglang_ext.kvformats import get_format
 from sglang_ext.models.tiny import prepare_tiny
@@ -49,36 +66,50 @@ NEW_TOKENS = 12
 RADIX_SHARED = 2 * CHUNK  # the prefix a later prompt shares with the 151-token one
 # float32 serving against the float64 oracle over float32 K/V: besides summation order, a K or V element that
 # SGLang and transformers compute ~1e-6 apart can round to neighbouring codes. Largest top-3 log-probability gap
-# measured over the 4 prompts x 12 tokens: int8 7.5e-5, octave_k3v4 4.3e-4 (torch_native), octave_k3v3 4.2e-4
-# (triton); 2e-3 leaves ~5x.
+# measured over the 4 prompts x 12 tokens: int8 7.5e-5, octave_k3v4 4.3e-4, octave_k3v3 4.2e-4 (on the Triton
+# backend); 2e-3 leaves ~5x.
 CASES = (
     # (format, attention backend, log-probability tolerance)
     ("int8", "torch_native", 2e-3),
     ("octave_k3v4", "torch_native", 2e-3),
-    ("octave_k3v3", "triton", 2e-3),
+    ("octave_k3v3", "torch_native", 2e-3),
 )
 SERVER_ARGS = (
     "--dtype", "float32", "--enable-cache-report", "--chunked-prefill-size", str(CHUNK), "--enable-mixed-chunk",
     "--max-total-tokens", "200000", "--random-seed", "0", "--max-running-requests", "4",
     "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--max-mamba-cache-size", "16",
+    "--session-retention-seconds", "600",
+)  # fmt: skip
+# The NEXTN servers: the plain server's flags that decide the numbers (chunk size, seed, backend), a small pool.
+NEXTN_SERVER_ARGS = (
+    "--dtype", "float32", "--enable-cache-report", "--chunked-prefill-size", str(CHUNK), "--random-seed", "0",
+    "--max-running-requests", "4", "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule",
+    "--max-mamba-cache-size", "16", "--mem-fraction-static", "0.95",
 )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def checkpoint(model_dir):  # model_dir: the built-in tokenizer the tiny model copies
-    return str(prepare_tiny("qwen3_5"))
+def checkpoint(model_dir, tmp_path_factory):  # model_dir: the built-in tokenizer the tiny model copies
+    return _guessing_mtp_checkpoint(prepare_tiny("qwen3_5"), tmp_path_factory.mktemp("hybrid-kv") / "qwen3_5")
+
+
+def _format_flags(name: str, backend: str) -> tuple[list[str], dict[str, str]]:
+    """(flags, environment) of format `name` on `backend`, shared by the plain and the NEXTN servers."""
+    env = {"SGLANG_MAMBA_CONV_DTYPE": "float32", "SGLANG_EXT_KV_EXTEND_NEW_TOKENS": "pool"}
+    args = ["--kv-cache-dtype", name, "--attention-backend", backend]
+    if backend == "triton":
+        env["TRITON_INTERPRET"] = "1"
+        args += ["--triton-attention-num-kv-splits", "2"]
+    return args, env
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])
 def kv_server(request, checkpoint):
     name, backend, tol = request.param
-    env = {"SGLANG_MAMBA_CONV_DTYPE": "float32", "SGLANG_EXT_KV_EXTEND_NEW_TOKENS": "pool"}
-    args = [*SERVER_ARGS, "--kv-cache-dtype", name, "--attention-backend", backend]
-    if backend == "triton":
-        env["TRITON_INTERPRET"] = "1"
-        args += ["--triton-attention-num-kv-splits", "2"]
-    proc = ServerProcess(checkpoint, args, env=env, name=f"hybrid-{name}").start()
+    args, env = _format_flags(name, backend)
+    proc = ServerProcess(checkpoint, [*SERVER_ARGS, *args], env=env, name=f"hybrid-{name}").start()
     proc.fmt = get_format(name, HEAD_DIM, ROTARY_DIM)
+    proc.backend = backend
     proc.tol = tol
     yield proc
     proc.stop()
@@ -202,6 +233,50 @@ def test_radix_hit_gives_the_cold_output(kv_server, model):
     check_against_reference(reply, shared, ref, kv_server.tol, f"{kv_server.fmt.name}, radix hit")
 
 
+def test_second_agent_turn_is_cached(kv_server):
+    """With --session-retention-seconds: the second turn sends the first turn's prompt, its answer as returned and
+    a new message; all of the first turn but its last answer token (never computed) comes from the cache, and the
+    answer is the cold one."""
+    gen = torch.Generator().manual_seed(7)
+    prompt = [1] + torch.randint(3, 49000, (99,), generator=gen).tolist()
+    kv_server.flush_cache()
+    first = _ask(kv_server, prompt)
+    turn2 = prompt + first["output_ids"] + torch.randint(3, 49000, (25,), generator=gen).tolist()
+    second = _ask(kv_server, turn2)
+    assert second["meta_info"]["cached_tokens"] == len(prompt) + len(first["output_ids"]) - 1, second["meta_info"]
+    kv_server.flush_cache()
+    cold = _ask(kv_server, turn2)
+    assert cold["meta_info"]["cached_tokens"] == 0
+    assert second["output_ids"] == cold["output_ids"]
+    for step, (a, b) in enumerate(zip(second["meta_info"]["output_top_logprobs"],
+                                      cold["meta_info"]["output_top_logprobs"])):
+        gap = max(abs(x[0] - y[0]) for x, y in zip(a, b))
+        assert gap < kv_server.tol, f"second turn vs cold: step {step} log-probabilities differ by {gap:.2e}"
+
+
+def test_nextn_and_host_tier(kv_server, checkpoint, record_property):
+    """The NEXTN servers of this format's ROTATION: greedy = this plain server's, and with the host tier on, the
+    host round trip of an agent turn (test_hybrid_compressed_combos.py)."""
+    name = kv_server.fmt.name
+    kv_server.flush_cache()
+    plain = greedy(kv_server)
+    assert all(o["meta_info"]["cached_tokens"] == 0 for o in plain)
+    args, env = _format_flags(name, kv_server.backend)
+    for draft, with_host_tier in ROTATION[name]:
+        label = f"{name} NEXTN {draft}" + (" + host tier" if with_host_tier else "")
+        pool_args = HICACHE_ARGS if with_host_tier else ("--max-total-tokens", "2000")
+        server = ServerProcess(checkpoint, [*NEXTN_SERVER_ARGS, *args, *nextn_args(draft), *pool_args], env=env,
+                               name=f"hybrid-{name}-{draft}").start()
+        try:
+            record_property(f"{draft}_accept_length", check_nextn_equals_plain(server, plain, label))
+            if with_host_tier:
+                host_round_trip(server, name)
+        finally:
+            server.stop()
+        if with_host_tier:
+            assert "packed MTP KV layers: target_layers=1, draft_layers=1" in server.log_text()
+
+
 # --- refusals: a hybrid whose full-attention heads the format does not have ------------------------------------
 
 def _tweaked_checkpoint(checkpoint: str, folder, **config) -> str:
@@ -246,7 +321,7 @@ def test_launch_server_refuses_an_unsupported_head_dim(checkpoint, tmp_path):
                "--port", str(free_port()), *SERVER_ARGS, "--kv-cache-dtype", "int8"]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["SGLANG_MAMBA_CONV_DTYPE"] = "float32"
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, start_new_session=True)
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=600, env=env, start_new_session=True)
     output = done.stdout + done.stderr
     assert done.returncode != 0, output[-3000:]
     refusal = f"--kv-cache-dtype int8 cannot serve model {folder}: {HEAD_DIM_REFUSAL}"
