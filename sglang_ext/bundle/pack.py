@@ -14,8 +14,10 @@ The dependency archive depends only on this environment, so it is built once per
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -53,7 +55,8 @@ def _copy_distribution(name: str, dest: Path, left_out: tuple[str, ...] = ()) ->
         rel = str(entry)
         if rel.startswith("..") or "__pycache__" in rel or rel.endswith(_SKIPPED_SUFFIXES):
             continue
-        if rel.endswith("/RECORD") or any(rel == p or rel.startswith(p + "/") for p in left_out):
+        if rel.endswith("/RECORD") or (any(rel == p or rel.startswith(p + "/") for p in left_out)
+                                       and not _kept_in_left_out(rel)):
             continue
         source = root / rel
         if not source.is_file():
@@ -66,12 +69,52 @@ def _copy_distribution(name: str, dest: Path, left_out: tuple[str, ...] = ()) ->
 
 
 def _left_out_of(name: str) -> tuple[str, ...]:
-    """Paths of distribution `name` that stay out of the bundle (transformers' untraced model folders)."""
+    """Paths of distribution `name` that stay out of the bundle (transformers' untraced model folders, less what
+    _kept_in_left_out keeps of them)."""
     if name != "transformers":
         return ()
     models = Path(_distribution(name).locate_file("transformers/models"))
     return tuple(f"transformers/models/{d.name}" for d in sorted(models.iterdir())
                  if d.is_dir() and d.name != "__pycache__" and d.name not in contents.TRANSFORMERS_MODELS)
+
+
+@functools.cache
+def tokenizer_lookup_folders() -> tuple[str, ...]:
+    """transformers' model folders AutoTokenizer may import while it finds a tokenizer class by name: for a class
+    such as Qwen2Tokenizer it imports, in mapping order, every model type's folder that maps to the class until one
+    defines it (the first for Qwen2Tokenizer is audioflamingo3), and a missing folder stops the server."""
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    return tuple(sorted({model_type_to_module_name(t) for t in TOKENIZER_MAPPING_NAMES}))
+
+
+def _kept_in_left_out(rel: str) -> bool:
+    return rel in tokenizer_lookup_files()
+
+
+@functools.cache
+def tokenizer_lookup_files() -> frozenset[str]:
+    """Of the left-out transformers model folders on the tokenizer lookup path: __init__.py, the tokenization
+    files and the modules they import relatively (a normalizer beside them, another model's tokenization file),
+    so the lookup imports each folder and finds the class or moves on. A few hundred KB of sources."""
+    models = Path(_distribution("transformers").locate_file("transformers/models"))
+    keep: set[str] = set()
+    todo = [models / folder / "__init__.py" for folder in tokenizer_lookup_folders()]
+    todo += [f for folder in tokenizer_lookup_folders() for f in sorted((models / folder).glob("tokenization_*.py"))]
+    while todo:
+        path = todo.pop()
+        if not path.is_file() or path in keep:
+            continue
+        keep.add(path)
+        if path.name == "__init__.py":
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for module in re.findall(r"^\s*from \.(\w+) import", text, re.MULTILINE):
+            todo.append(path.parent / f"{module}.py")
+        for folder, module in re.findall(r"^\s*from \.\.(\w+)\.(\w+) import", text, re.MULTILINE):
+            todo += [models / folder / "__init__.py", models / folder / f"{module}.py"]
+    return frozenset(f"transformers/models/{p.relative_to(models)}" for p in keep)
 
 
 def _copy_sglang_ext(dest: Path) -> int:
@@ -174,7 +217,8 @@ def deps_key(wheels: list[Path], tokenizer_dir: Path) -> str:
     from sglang_ext.models.tiny import _TOKENIZER_FILES
 
     digest = hashlib.sha256(json.dumps([contents.PURE, contents.BINARY, contents.SGLANG_LEFT_OUT,
-                                        contents.TRANSFORMERS_MODELS, TARGET_PYTHON, _FORMAT_VERSION]).encode())
+                                        contents.TRANSFORMERS_MODELS, sorted(tokenizer_lookup_files()), TARGET_PYTHON,
+                                        _FORMAT_VERSION]).encode())
     for name in ("sglang", *contents.PURE):
         dist = _distribution(name)
         digest.update(f"{name}=={dist.version}\n".encode() + (dist.read_text("RECORD") or "").encode())

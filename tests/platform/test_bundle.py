@@ -111,13 +111,24 @@ def test_clean_interpreter_imports_the_server(unpacked, model_dir, tmp_path):
         f"outside = sorted(n for n, m in list(sys.modules.items()) if n != '__mp_main__' "
         f"and (getattr(m, '__file__', None) or '').startswith('/') and not m.__file__.startswith({allowed!r}))\n"
         "print(json.dumps({'outside': outside, 'modules': len(sys.modules)}))\n"
+        # AutoTokenizer finds a class by name through model folders the bundle otherwise leaves out (the tiny
+        # Qwen2-type checkpoint's Qwen2Tokenizer: audioflamingo3 first): every class's lookup must import
+        "from transformers.models.auto import tokenization_auto as ta\n"
+        "missing = {}\n"
+        "for name in sorted(set(filter(None, ta.TOKENIZER_MAPPING_NAMES.values()))):\n"
+        "    try:\n"
+        "        ta.tokenizer_class_from_name(name)\n"
+        "    except ModuleNotFoundError as exc:\n"
+        "        missing[name] = str(exc)\n"
+        "print(json.dumps({'missing': missing, 'qwen2': ta.tokenizer_class_from_name('Qwen2Tokenizer').__name__}))\n"
     )
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SGLANG"))}
     environ["SGLANG_EXT_PLATFORM"] = "portable_gpu"
     done = subprocess.run([sys.executable, "-S", "-E", "-c", runner], check=False, env=environ, cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-6000:]
-    served, loaded = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    served, loaded, tokenizers = (json.loads(line) for line in done.stdout.strip().splitlines()[-3:])
+    assert tokenizers == {"missing": {}, "qwen2": "Qwen2Tokenizer"}
     assert served["failed_imports"] == {}
     assert served["platform"] == "PortableGpuPlatform"
     assert served["defaults"]["attention_backend"] == "triton" and served["defaults"]["device"] == "cuda"
