@@ -14,6 +14,11 @@ target's attention, GDN and MLP outputs are scaled by 0.3 (as models/tiny.py doe
 that bigram is often the target's next token (13 of 39 greedy tokens offline) while attention and the recurrent
 state still decide most of them.
 
+The chain server runs the HiCache host tier and `--session-retention-seconds` too: an agent turn's second turn (a
+device hit) and its host hit after one long prompt answer as the cold request (tokens, log-probabilities, verify
+counts), the MTP layer's KV with the target's in SGLang's host pool (host_round_trip in
+test_hybrid_compressed_combos.py).
+
 Flags as tests/hybrid/test_hybrid_serving.py (float32, float32 conv state, no_buffer Mamba radix strategy without
 overlap, 16 Mamba slots), and a memory fraction that only has to admit the small pool (SGLang's free-memory profile
 is noisy on a shared machine). No deterministic mode is needed over float32 KV: the plain and speculative servers agree
@@ -26,14 +31,16 @@ import pytest
 import requests
 import torch
 from server import ServerProcess
+from test_hybrid_compressed_combos import HICACHE_ARGS, host_round_trip
 
 from sglang_ext.models.tiny import prepare_tiny
 
 PROMPT_LENGTHS = (6, 20, 40, 71)
 NEW_TOKENS = 32
 BRANCH_SCALE = 0.3
-HYBRID_ARGS = ("--dtype", "float32", "--max-total-tokens", "2000", "--mamba-radix-cache-strategy", "no_buffer",
+HYBRID_ARGS = ("--dtype", "float32", "--enable-cache-report", "--mamba-radix-cache-strategy", "no_buffer",
                "--disable-overlap-schedule", "--max-mamba-cache-size", "16", "--mem-fraction-static", "0.95")
+POOL_ARGS = ("--max-total-tokens", "2000")
 HYBRID_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 # (name, --speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens)
 DRAFTS = (("chain", 3, 1, 4), ("tree", 3, 2, 6))
@@ -77,8 +84,8 @@ def _greedy(server) -> list[dict]:
     return outs
 
 
-def _serve(checkpoint, args, name):
-    return ServerProcess(checkpoint, [*HYBRID_ARGS, *args], env=HYBRID_ENV, name=name).start()
+def _serve(checkpoint, args, name, pool_args=POOL_ARGS):
+    return ServerProcess(checkpoint, [*HYBRID_ARGS, *pool_args, *args], env=HYBRID_ENV, name=name).start()
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +99,21 @@ def plain(checkpoint):
 
 @pytest.mark.parametrize(("name", "steps", "topk", "draft_tokens"), DRAFTS, ids=[d[0] for d in DRAFTS])
 def test_nextn_greedy_equals_plain(checkpoint, plain, name, steps, topk, draft_tokens, record_property):
+    # The chain server runs the HiCache host tier and session retention too (float32 KV: SGLang's host pool with
+    # the MTP layer packed after the target's); the host round trip as over compressed KV.
+    with_host_tier = name == "chain"
     server = _serve(checkpoint, ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", str(steps),
                                  "--speculative-eagle-topk", str(topk),
-                                 "--speculative-num-draft-tokens", str(draft_tokens)], f"hybrid-mtp-{name}")
+                                 "--speculative-num-draft-tokens", str(draft_tokens)], f"hybrid-mtp-{name}",
+                    pool_args=HICACHE_ARGS if with_host_tier else POOL_ARGS)
     try:
         outs = _greedy(server)
+        if with_host_tier:
+            host_round_trip(server, None)
     finally:
         server.stop()
+    if with_host_tier:
+        assert "packed MTP KV layers: target_layers=1, draft_layers=1" in server.log_text()
     for ids, got, want in zip(_prompts(), outs, plain):
         first_diff = next((i for i, (a, b) in enumerate(zip(got["output_ids"], want["output_ids"])) if a != b), None)
         assert first_diff is None and len(got["output_ids"]) == NEW_TOKENS, (
