@@ -40,6 +40,16 @@ def test_plan_rejects_wrong_number_of_memory_sizes(capsys):
     assert code == 2 and "--gpu-mem has 2 values" in capsys.readouterr().err
 
 
+def test_plan_with_paged_experts_counts_resident_experts(capsys):
+    # Qwen3-30B-A3B whole does not leave KV room on 2 x 24 GiB; with 32 of 128 experts resident per MoE layer it does
+    model = str(CONFIGS / "qwen3_30b_a3b.json")
+    assert main(["plan", "--model-path", model, "--gpus", "2", "--gpu-mem", "24", "--tp", "1",
+                 "--paged-experts-num-resident", "32"]) == 0
+    out = capsys.readouterr().out
+    plan = plan_partition(load_shape(model), 1, 2, PlanOptions(gpu_mem_gib=(24.0,) * 2, paged_experts_num_resident=32))
+    assert plan.capacity > 0 and f"KV capacity (SGLang's min over ranks): {plan.capacity:,} tokens" in out, out
+
+
 def test_module_entry_point_runs_without_importing_sglang():
     model = str(CONFIGS / "smollm2_135m.json")
     done = subprocess.run(
