@@ -3,9 +3,16 @@ attention) on stock launch_server on the CPU platform, in float32:
 
 - with the PLE table in RAM, greedy tokens and log-probabilities equal transformers' own float32 implementation
   of the same checkpoint (`Qwen4ExpForConditionalGeneration`) on 4 prompts sent together;
-- with the table on SSD (`--ple-offload-backend ssd`: rows read from the checkpoint's safetensors shards), the
-  tokens and top-3 candidates equal the RAM server's, log-probabilities within batching rounding, and the
-  server says it serves the table from the checkpoint's shards.
+- with the table on SSD (`--ple-offload-backend ssd`: rows read from the checkpoint's safetensors shards) and
+  NEXTN chain drafts from the model's own hyper-connected MTP layer (SGLang's Qwen4ExpForCausalLMMTP), the tokens
+  and top-3 candidates equal the RAM server's plain decoding, log-probabilities within batching rounding, drafts
+  are accepted, and the server says it serves the table from the checkpoint's shards.
+
+The checkpoint: `prepare_tiny("qwen4_exp")` with the MTP layer made able to guess, as test_hybrid_mtp.py does for
+Qwen3.5: the draft's input fusion passes only the next token's embedding (fc_embedding = I, fc_hidden = 0) and its
+decoder layer adds nothing (o_proj, down_proj zero), so it drafts a bigram; the target's attention, GDN and MoE
+outputs are scaled by 0.3 so that the bigram is sometimes the target's next token. Tree drafts are not run: SGLang's
+qwen4_exp PLE supports only topk 1.
 
 What runs on the CPU platform: the GDN layers through sglang_ext's torch ops, the QSA indexer through SGLang's
 portable orchestration (`forward_native`, hybrid/qsa.py) with the batched block top-k and sparse attention of
@@ -19,6 +26,7 @@ test_hybrid_serving.py; a 16-slot Mamba pool; `--mem-fraction-static 0.95` (the 
 --max-total-tokens; SGLang's default fraction failed its post-load check when other processes took RAM)."""
 
 import concurrent.futures
+import shutil
 
 import pytest
 import requests
@@ -35,13 +43,37 @@ ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 # float32 on both sides, different summation orders (test_hybrid_serving.py measured 2e-5 on Qwen3.5).
 LOGPROB_TOL = 1e-4
 # RAM and SSD tables hold the same bf16 rows; the servers may still group the 4 requests into different prefill
-# batches (arrival order), whose float32 GEMMs round differently: measured 4.8e-7 on one such pair.
+# batches (arrival order), whose float32 GEMMs round differently: measured 4.8e-7 on one such pair. NEXTN's
+# verify rows (4 per request) round as another batch shape does.
 SAME_ROWS_TOL = 1e-5
 
 
+NEXTN_CHAIN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+               "--speculative-num-draft-tokens", "4"]
+BRANCH_SCALE = 0.3
+
+
+def _guessing_mtp_checkpoint(base, out) -> str:
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in base.iterdir():
+        if f.is_file() and f.name != "model.safetensors":
+            shutil.copy(f, out / f.name)
+    weights = load_file(base / "model.safetensors")
+    hidden = weights["mtp.fc_embedding.weight"].shape[0]
+    weights["mtp.fc_embedding.weight"] = torch.eye(hidden)
+    weights["mtp.fc_hidden.weight"] = torch.zeros(hidden, hidden)
+    for name in list(weights):
+        if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight")):
+            weights[name] = weights[name] * (0.0 if name.startswith("mtp.") else BRANCH_SCALE)
+    save_file(weights, out / "model.safetensors")
+    return str(out)
+
+
 @pytest.fixture(scope="module")
-def checkpoint(model_dir):  # model_dir: the built-in tokenizer the tiny model copies
-    return str(prepare_tiny("qwen4_exp"))
+def checkpoint(model_dir, tmp_path_factory):  # model_dir: the built-in tokenizer the tiny model copies
+    return _guessing_mtp_checkpoint(prepare_tiny("qwen4_exp"), tmp_path_factory.mktemp("qwen4-mtp") / "qwen4_exp")
 
 
 def _prompts() -> list[list[int]]:
@@ -94,11 +126,15 @@ def test_ram_table_equals_transformers(ram, checkpoint):
         assert gap < LOGPROB_TOL, f"prompt of {len(ids)} tokens: log-probabilities differ by {gap:.2e}"
 
 
-def test_ssd_table_equals_ram_table(ram, checkpoint):
+def test_ssd_table_with_nextn_equals_ram_table(ram, checkpoint, record_property):
     ram_replies, ram_log = ram
-    ssd_replies, ssd_log = _serve(checkpoint, ["--ple-offload-backend", "ssd"], "tiny-qwen4_exp-ssd")
+    ssd_replies, ssd_log = _serve(checkpoint, ["--ple-offload-backend", "ssd", *NEXTN_CHAIN], "tiny-qwen4_exp-ssd-mtp")
     assert "served from 2 shard tensor(s)" in ssd_log, "the SSD server did not open the checkpoint's table shards"
     assert "served from" not in ram_log
+    verifies = sum(reply["meta_info"]["spec_verify_ct"] for reply in ssd_replies)
+    accept_length = sum(len(reply["output_ids"]) for reply in ssd_replies) / verifies
+    record_property("accept_length", accept_length)
+    assert accept_length > 1.1, f"NEXTN: accept length {accept_length:.2f}: (almost) no MTP draft was accepted"
     for length, ram_reply, ssd_reply in zip(PROMPT_LENGTHS, ram_replies, ssd_replies):
         assert ssd_reply["output_ids"] == ram_reply["output_ids"], f"prompt of {length} tokens: tokens differ"
         assert [[t for _, t in step] for step in _tops(ssd_reply)] == [[t for _, t in step] for step in
