@@ -224,8 +224,8 @@ def _decode_stage1(q_ptr, k_codes, k_scales, v_codes, v_scales, kv_indptr, kv_in
 @triton.jit
 def _decode_stage2(mid_o, mid_lse, out_ptr, kv_indptr, num_kv_splits, sign_ptr,
                    stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_o_b, stride_o_h,
-                   D: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_BLOCK: tl.constexpr, Q_LEN: tl.constexpr = 1,
-                   SPLIT_MUL: tl.constexpr = 1, UNROTATE: tl.constexpr = False):
+                   D: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, MIN_BLOCK: tl.constexpr,
+                   Q_LEN: tl.constexpr = 1, SPLIT_MUL: tl.constexpr = 1, UNROTATE: tl.constexpr = False):
     # Every split's partial output loaded at once as one [splits, D] tile and merged by its log-sum-exp weight:
     # no chain of dependent loads (a loop over the splits was latency-bound: 6-7 us for batch 8 x 64 heads x
     # 16 splits on an H200, 13 us with 32 splits). UNROTATE (octave): the merged output is taken back out of the
@@ -235,7 +235,9 @@ def _decode_stage2(mid_o, mid_lse, out_ptr, kv_indptr, num_kv_splits, sign_ptr,
     batch = tl.program_id(0).to(tl.int64)  # a q row: request batch // Q_LEN
     head = tl.program_id(1)
     offs_d = tl.arange(0, D)
-    offs_s = tl.arange(0, triton.next_power_of_2(MAX_SPLITS))
+    # SPLITS_P2 = next_power_of_2(MAX_SPLITS), from the launcher: a kernel body must not call
+    # triton.next_power_of_2, which SGLang replaces with a plain function Triton's JIT then refuses
+    offs_s = tl.arange(0, SPLITS_P2)
     req = batch // Q_LEN
     seq_len = tl.load(kv_indptr + req + 1) - tl.load(kv_indptr + req)
     splits = tl.load(num_kv_splits + req) * SPLIT_MUL  # stage 1 ran num_kv_splits x SPLIT_MUL splits
@@ -537,7 +539,8 @@ def _merge(fmt, o, mid_o, mid_lse, kv_indptr, num_kv_splits, grid_splits: int, q
     _decode_stage2[(rows, hq)](
         mid_o, mid_lse, o, kv_indptr, num_kv_splits, signs, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), o.stride(0), o.stride(1),
-        D=d, MAX_SPLITS=grid_splits, MIN_BLOCK=MIN_BLOCK_KV, Q_LEN=q_len, SPLIT_MUL=split_mul,
+        D=d, MAX_SPLITS=grid_splits, SPLITS_P2=triton.next_power_of_2(grid_splits), MIN_BLOCK=MIN_BLOCK_KV,
+        Q_LEN=q_len, SPLIT_MUL=split_mul,
         UNROTATE=fmt.rotated)
     return o
 

@@ -124,7 +124,7 @@ def _variants():
         out.append(("decode_stage2 d256" + (" unrotate" if unrotate else ""), decode._decode_stage2, {
             "mid_o": p32, "mid_lse": p32, "out_ptr": pb16, "kv_indptr": pi32, "num_kv_splits": pi32, "sign_ptr": p32,
             "stride_mo_b": i32, "stride_mo_h": i32, "stride_mo_s": i32, "stride_ml_b": i32, "stride_ml_h": i32,
-            "stride_o_b": i32, "stride_o_h": i32, "D": C(256), "MAX_SPLITS": C(16), "MIN_BLOCK": C(32), "Q_LEN": C(1),
+            "stride_o_b": i32, "stride_o_h": i32, "D": C(256), "MAX_SPLITS": C(16), "SPLITS_P2": C(16), "MIN_BLOCK": C(32), "Q_LEN": C(1),
             "SPLIT_MUL": C(1), "UNROTATE": C(unrotate)}, {}))
     return out
 
