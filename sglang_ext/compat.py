@@ -147,6 +147,9 @@ HOOK_UPDATE_INTERMEDIATE_SIZE = "sglang.srt.configs.update_config.update_interme
 # takes head_dim = hidden_size // that, ignoring the config's head_dim. Hooked (AROUND) so an explicit head_dim
 # holds (platform/explicit_head_dim.py).
 HOOK_QWEN2_DECODER_LAYER_INIT = "sglang.srt.models.qwen2.Qwen2DecoderLayer.__init__"
+# On a CUDA device SGLang's DualGemm (Qwen2 MLPs) picks its CuTe DSL kernel, which imports nvidia-cutlass-dsl; the
+# portable GPU platform replaces the choice with None (the unfused path, platform/hooks.py).
+HOOK_DUAL_GEMM_SELECT_MODE = "sglang.srt.layers.dual_gemm.DualGemm._select_mode"
 # torch_native attention (what SGLang picks on device "cpu") allocates its output with `empty_like(q)`; Gemma 3n
 # passes q as [tokens, heads, head_dim], so the output comes back 3-D and o_proj fails. Its forward_extend and
 # forward_decode are hooked (AROUND) to flatten q to 2-D first (the backend views it as [-1, heads, head_dim]).
@@ -383,6 +386,8 @@ HOOKED_SIGNATURES = {
     # the CPU platform: an explicit head_dim on Qwen2-layer models (platform/explicit_head_dim.py)
     HOOK_QWEN2_DECODER_LAYER_INIT: (
         "(self, config, layer_id=0, start_layer=0, quant_config=None, prefix='', alt_stream=None)"),
+    # the GPU platform: DualGemm without the CuTe DSL kernel (platform/hooks.py)
+    HOOK_DUAL_GEMM_SELECT_MODE: "(self, gate_up_proj, hidden_size)",
     f"{QWEN4_MODULE}.{QWEN4_HOST_EMBEDDING}.__init__": "(self, embedding, *, backend='pinned', table_dir=None)",
     f"{QWEN4_MODULE}.{QWEN4_HOST_EMBEDDING}.gather": "(self, input_ids, out=None)",
     f"{QWEN4_MODULE}.{QWEN4_TOP_MODEL}.load_weights": "(self, weights)",

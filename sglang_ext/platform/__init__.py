@@ -74,6 +74,11 @@ def cpu_platform_active() -> bool:
     return chosen_platform() == PLATFORM_NAME
 
 
+def gpu_platform_active() -> bool:
+    """True where the portable GPU platform runs this process."""
+    return chosen_platform() == GPU_PLATFORM_NAME
+
+
 def activate() -> str | None:
     """The entry point SGLang calls: the chosen platform's class path, or None."""
     name = chosen_platform()

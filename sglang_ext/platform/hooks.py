@@ -1,11 +1,11 @@
-"""Hooks that make SGLang's own code paths work on the portable CPU platform (installed from the plugin).
+"""Hooks that make SGLang's own code paths work on the portable CPU and GPU platforms (installed from the plugin).
 
-They are registered only when the portable CPU platform is the one that activates in this process, so on a
-GPU host nothing here touches SGLang.
+They are registered only when one of those platforms is the one that activates in this process, so on a host
+SGLang serves by itself nothing here touches SGLang.
 """
 
 from sglang_ext import compat, hook_chain
-from sglang_ext.platform import batch_invariant, cpu_platform_active
+from sglang_ext.platform import batch_invariant, cpu_platform_active, gpu_platform_active
 from sglang_ext.platform.explicit_head_dim import keep_explicit_head_dim
 from sglang_ext.platform.host_pool import host_pool_cls_for
 from sglang_ext.platform.memory import HICACHE_HOST_RESERVE_BYTES
@@ -14,6 +14,8 @@ from sglang_ext.platform.seeded_sampling import murmur_hash32
 
 
 def register() -> list[str]:
+    if gpu_platform_active():
+        return register_gpu()
     if not cpu_platform_active():
         return []
     hook_chain.register(compat.HOOK_GET_MHA_HOST_POOL_CLS, host_pool_cls_for, compat.HookType.AROUND)
@@ -40,3 +42,14 @@ def register() -> list[str]:
                             compat.HookType.AROUND)
         registered.append("batch-invariant mode (--enable-deterministic-inference)")
     return registered
+
+
+def register_gpu() -> list[str]:
+    hook_chain.register(compat.HOOK_DUAL_GEMM_SELECT_MODE, unfused_gate_up, compat.HookType.REPLACE)
+    return ["platform portable_gpu", "MLP gate/up without the CuTe DSL dual GEMM"]
+
+
+def unfused_gate_up(self, gate_up_proj, hidden_size):
+    """DualGemm's mode on the portable GPU platform: None, the separate gate/up GEMM and activation. SGLang picks its
+    CuTe DSL dual GEMM on any CUDA device, which imports nvidia-cutlass-dsl (CUDA only, not a dependency here):
+    Qwen2-layer models stopped while building their first MLP."""

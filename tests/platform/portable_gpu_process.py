@@ -103,6 +103,22 @@ import aiter
 import sgl_kernel
 import sgl_kernel.kvcacheio
 
+
+def dual_gemm_mode():
+    """DualGemm's choice for a bf16 gate/up projection on a CUDA device once the plugins' hooks are applied (SGLang
+    picks its CuTe DSL kernel, which needs nvidia-cutlass-dsl; the platform keeps the unfused path)."""
+    from sglang.srt.layers import dual_gemm
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    dual_gemm.is_cuda = lambda: True  # what SGLang reads on an NVIDIA GPU
+    gemm = object.__new__(dual_gemm.DualGemm)
+    try:
+        return repr(dual_gemm.DualGemm._select_mode(gemm, None, 256))
+    except Exception as exc:  # noqa: BLE001 (reported: the test expects None)
+        return f"{type(exc).__name__}: {exc}"
+
+
 print(json.dumps({
     "platform": type(current_platform).__name__,
     "out_of_tree": current_platform.is_out_of_tree(),
@@ -117,6 +133,7 @@ print(json.dumps({
     "unprovided_call": refusal(lambda: sgl_kernel.kvcacheio.transfer_kv_per_layer(None)),
     "flashinfer_backend": refusal(lambda: resolved(["--attention-backend", "flashinfer"])),
     "hybrid": None if hybrid is None else (refusal(hybrid_resolved) or hybrid_resolved()),
+    "dual_gemm_mode": dual_gemm_mode(),
     "graph_runners": {
         "decode": getattr(current_platform.get_graph_runner_cls(), "__name__", None),
         **{phase: getattr(current_platform.get_speculative_graph_runner_cls("EAGLE", phase), "__name__", None)

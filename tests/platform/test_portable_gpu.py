@@ -106,6 +106,8 @@ def test_sglang_process_on_the_platform(model_dir, device, environ):
     assert result["sgl_kernel"] == "GuardedModule" and result["aiter"] == "GuardedModule"
     assert result["silu_and_mul"] == "sglang_ext.platform.gpu_ops.silu_and_mul"
     assert result["failed_imports"] == {}
+    # Qwen2-layer MLPs: SGLang's CuTe DSL dual GEMM (nvidia-cutlass-dsl) stays off, the platform's hook says None
+    assert result["dual_gemm_mode"] == "None"
     # CUDA graphs: SGLang refuses an out-of-tree platform that names no runner (the first capture stopped with
     # "provides no CUDA graph runner"); these are its own CUDA runners, imported here without sgl_kernel
     assert result["graph_runners"] == {"decode": "DecodeCudaGraphRunner", "draft_decode": "EAGLEDraftCudaGraphRunner",
