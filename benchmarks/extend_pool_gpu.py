@@ -8,7 +8,8 @@ v_extend), per compressed format, head_dim and prefix length; store_kv, which bo
 Shapes: one request of NEW new tokens (default 4096, a prefill chunk) after a prefix of 0 / 4k / 28k tokens;
 Llama-3-8B's attention at d128 (32 q / 8 KV heads) and a Qwen3.5-27B-like full-attention layer at d256 / rotary 64
 (24 q / 4 KV heads); bf16 q / k / v as SGLang hands them. Each call is timed alone after an L2 eviction
-(gpu_timing.bench_clean), median of --reps. The same run checks on the GPU that the pool path gives a token the
+(gpu_timing.bench_clean), median of --reps, and as
+CUDA-graph replays (gpu_timing.bench_graph: GPU time without the host's launch time). The same run checks on the GPU that the pool path gives a token the
 same output however the prompt is split (whole vs two chunks, the second attending to the first as cached
 prefix), and that the full-precision path does not.
 """
@@ -25,7 +26,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gpu_timing import bench_clean
+from benchmarks.gpu_timing import bench_clean, bench_graph
 from sglang_ext.kernels import extend_attention, store_kv
 from sglang_ext.kvformats import get_format
 
@@ -58,14 +59,24 @@ def case(name: str, d: int, prefix: int, new: int, reps: int) -> dict:
     scale = d ** -0.5
 
     def run(pool: bool):
+        # prefix_rows from the host, as the attention backend's per-batch plan gives it (no device read)
         return extend_attention(fmt, q, new_k, new_v, o, planes, qo, kvp, prefix_slots, new, scale,
-                                new_slots=new_slots if pool else None)
+                                new_slots=new_slots if pool else None, prefix_rows=prefix)
 
     row = {"format": name, "head_dim": d, "prefix": prefix, "new": new,
            "store_us": round(bench_clean(lambda: store_kv(fmt, planes, new_slots, new_k, new_v), reps=reps), 1),
            "full_us": round(bench_clean(lambda: run(False), reps=reps), 1),
            "pool_us": round(bench_clean(lambda: run(True), reps=reps), 1)}
     row["extra_pct"] = round(100 * (row["pool_us"] / row["full_us"] - 1), 2)
+    # the same calls replayed from CUDA graphs: GPU time only (eager timings of a lone call include the host's
+    # launch time wherever the host launches slower than the GPU runs, as it does for the pool path's two extra
+    # dequantize launches in front of the attention kernel)
+    try:
+        row["full_graph_us"] = round(bench_graph(lambda: run(False)), 1)
+        row["pool_graph_us"] = round(bench_graph(lambda: run(True)), 1)
+        row["extra_graph_pct"] = round(100 * (row["pool_graph_us"] / row["full_graph_us"] - 1), 2)
+    except Exception as exc:  # noqa: BLE001 (recorded next to the eager timings)
+        row["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
     return row
 
 
@@ -87,11 +98,11 @@ def split_check(name: str, d: int, new: int) -> dict:
     for pool in (True, False):
         whole = torch.empty(q.shape, dtype=torch.float32, device=dev)
         extend_attention(fmt, q, k, v, whole, planes, indptr([new], dev), indptr([0], dev), slots[:0], new,
-                         d ** -0.5, new_slots=slots if pool else None)
+                         d ** -0.5, new_slots=slots if pool else None, prefix_rows=0)
         second = torch.empty(q[half:].shape, dtype=torch.float32, device=dev)
         extend_attention(fmt, q[half:], k[half:], v[half:], second, planes, indptr([new - half], dev),
                          indptr([half], dev), slots[:half], new - half, d ** -0.5,
-                         new_slots=slots[half:] if pool else None)
+                         new_slots=slots[half:] if pool else None, prefix_rows=half)
         out["pool_max_diff" if pool else "full_max_diff"] = (whole[half:] - second).abs().max().item()
     return {"format": name, "head_dim": d, "new": new, **out}
 
