@@ -47,29 +47,31 @@ def shared_server(server_pool) -> ServerProcess:
 # collection order. These files go first, longest first (seconds, one process at a time on 2 cores), so that no
 # long file starts last; the rest follow in file order.
 SLOW_FILES = {
+    "tests/kvcache/test_triton_server.py": 1400,  # 10 servers; d128 NEXTN 585 s, hybrid NEXTN 492 s at load ~7
+    "tests/hybrid/test_hybrid_parallel.py": 1283,  # 7 servers (TP2 float32, per format sharded + single); load 7-15
+    "tests/hybrid/test_hybrid_kv_formats.py": 1026,  # per-format servers + the NEXTN / host-tier rotation; load 8-10
     "tests/kernels/test_attention.py": 981,
-    "tests/hybrid/test_hybrid_parallel.py": 950,
     "tests/spec/test_spec_serving.py": 700,  # 8 servers; 673 s at load average 3-7
-    "tests/kvcache/test_triton_server.py": 600,
     "tests/kvcache/test_kvcache_serving.py": 559,
-    "tests/hybrid/test_hybrid_kv_formats.py": 500,
-    "tests/hybrid/test_qwen4_exp_serving.py": 470,  # 2 servers (PLE table in RAM, on SSD); load average 15-20
     "tests/hicache/test_hicache_serving.py": 414,
     "tests/kvcache/test_same_output_serving.py": 400,
-    "tests/moe/test_paged_tp.py": 392,  # one tp-2 server; measured at load average ~20
     "tests/hybrid/test_hybrid_sessions.py": 370,  # one server; 327 s of it start-up at load average 15-20
-    "tests/hybrid/test_hybrid_mtp.py": 360,  # 3 servers (plain, NEXTN chain, tree); estimate, not timed as one run
+    "tests/platform/test_bundle.py": 340,  # a cold bundle build, the tokenizer lookups and one server from the bundle
+    "tests/hybrid/test_qwen4_exp_serving.py": 300,  # 2 servers (RAM table; SSD table + NEXTN); 165 s at load 3-8
     "tests/pp/test_pp_e2e.py": 300,  # 4 servers; 279 s alone
-    "tests/moe/test_paged_serving.py": 300,  # 3 servers (K=2/4/8); one K took 300 s at load average 20-50
     "tests/kernels/test_store_dequant.py": 299,
-    "tests/hybrid/test_hybrid_compressed_combos.py": 282,  # 3 servers; load average 4-5
+    "tests/hybrid/test_hybrid_mtp.py": 274,  # 3 servers (plain, NEXTN chain + host tier + retention, tree); load 8-9
     "tests/sessions/test_agent_sessions.py": 264,
     "tests/tools/test_native_loop.py": 250,
-    "tests/platform/test_bundle.py": 180,  # a cold bundle build and one server from the bundle
+    "tests/moe/test_paged_tp.py": 250,  # one tp-2 server; 187-392 s by load
+    "tests/moe/test_paged_serving.py": 216,  # 3 servers (K=2/4/8)
+    "tests/moe/test_paged_pp.py": 165,  # one pp-2 server; load ~8
+    "tests/moe/test_paged_nextn.py": 144,  # one NEXTN server; load ~10
+    "tests/kvcache/test_decode_plan.py": 143,
     "tests/ple/test_gemma3n_e2e.py": 137,
     "tests/hybrid/test_hybrid_serving.py": 120,
     "tests/hicache/test_hicache_kernel_io.py": 110,
-    "tests/kvcache/test_decode_plan.py": 100,
+    "tests/platform/test_explicit_head_dim.py": 83,
     "tests/spec/test_spec_gpu_process.py": 70,
 }
 
