@@ -307,6 +307,7 @@ def test_triton_backend_verify_takes_the_decode_kernel(name, monkeypatch):
         batch = SimpleNamespace(forward_mode=compat.ForwardMode.TARGET_VERIFY, out_cache_loc=draft_slots,
                                 spec_info=spec, batch_size=len(prefix))
         backend._decode_plan = backend.plan_batch(batch, sum(prefix))
+        backend._extend_plan = None  # the extend launcher plans from kv_indptr itself
         calls.clear()
         o = backend.forward_extend(q, k, v, LAYER, batch)
         assert calls == expect, (topk, calls)
