@@ -150,6 +150,12 @@ HOOK_QWEN2_DECODER_LAYER_INIT = "sglang.srt.models.qwen2.Qwen2DecoderLayer.__ini
 # On a CUDA device SGLang's DualGemm (Qwen2 MLPs) picks its CuTe DSL kernel, which imports nvidia-cutlass-dsl; the
 # portable GPU platform replaces the choice with None (the unfused path, platform/hooks.py).
 HOOK_DUAL_GEMM_SELECT_MODE = "sglang.srt.layers.dual_gemm.DualGemm._select_mode"
+# SGLang's EAGLE worker imports its FlashMLA backend module (to list the backends whose draft extend it can capture)
+# on every CUDA device, and that module imports the `flash_mla` package (sgl-flash-mla, a CUDA-only wheel the portable
+# GPU platform does not need). Where that package is absent the platform puts a module in its place whose
+# FlashMLABackend refuses in one line (platform/hooks.py); nothing can be an instance of it.
+FLASHMLA_BACKEND_MODULE = "sglang.srt.layers.attention.flashmla_backend"
+FLASHMLA_BACKEND_CLASS = "FlashMLABackend"
 # torch_native attention (what SGLang picks on device "cpu") allocates its output with `empty_like(q)`; Gemma 3n
 # passes q as [tokens, heads, head_dim], so the output comes back 3-D and o_proj fails. Its forward_extend and
 # forward_decode are hooked (AROUND) to flatten q to 2-D first (the backend views it as [-1, heads, head_dim]).

@@ -10,7 +10,8 @@ rotary 64, with an MTP layer) and a Llama-3-8B-shaped config for speed (`--load-
 checkpoint file), then per `--kv-cache-dtype` (auto, int8, octave_k3v4, octave_k3v3):
   correctness  4 prompts greedy in one batch vs the CPU reference (first diverging token per prompt), a radix hit
   hicache      a prompt pushed out to host and back with --hicache-io-backend kernel (page_first)
-  nextn        NEXTN chain (topk 1, 4 draft tokens) and tree (topk 2, 6) on mimo-d128: greedy equal to plain decoding
+  nextn        NEXTN chain (topk 1, 4 draft tokens) and tree (topk 2, 6) on both checkpoints (--nextn-models,
+               --nextn-kinds): greedy equal to plain decoding of the same checkpoint and format
   speed        decode tokens/s at batch 1 and 8, context 4k and 32k; pool capacity (tokens) at the same memory;
                NEXTN vs plain at batch 1 on mimo-d128
 Every step's result (or its error) is appended to OUT/gpu_serving.json as soon as it is known, so a run cut short
@@ -52,8 +53,10 @@ SPEED_CONFIG = {
     "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
 }
+SESSION_TURN = " ".join(f"Step {i}: the agent reads file {i % 9} and edits line {i * 3}." for i in range(48))
 HICACHE_DEVICE_TOKENS = 600
 MEM_FRACTION = "0.6"
+PORT_TAKEN = "address already in use"
 SERVER_TIMEOUT = 600.0  # seconds a server may take to become healthy (--server-timeout)
 
 
@@ -68,7 +71,11 @@ def post(port: int, path: str, body: dict | None = None, timeout: float = 600) -
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read() or b"{}")
+        body = response.read()
+    try:
+        return json.loads(body or b"{}")
+    except json.JSONDecodeError:  # plain-text answers (/flush_cache)
+        return {"text": body.decode(errors="replace")}
 
 
 class Server:
@@ -88,6 +95,8 @@ class Server:
         while time.time() - self.started < timeout:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited {self.process.returncode}: {self.tail()}")
+            if PORT_TAKEN in self.log_path.read_text(errors="replace"):  # the server lingers after the bind error
+                raise RuntimeError(f"{self.name}: {PORT_TAKEN}")
             try:
                 post(self.port, "/health_generate", timeout=30)
                 return time.time() - self.started
@@ -156,14 +165,17 @@ class Run:
         print(json.dumps({"step": step, **fields})[:400], flush=True)
 
     def server(self, model: Path, args: list[str], name: str, env: dict | None = None, dtype: str | None = None):
-        server = Server(self.python, env or self.env, model, ["--dtype", dtype or self.dtype, *args], name,
-                        self.log_dir)
-        try:
-            server.startup_s = server.wait()
-        except Exception:
-            server.stop()
-            raise
-        return server
+        for attempt in range(3):  # a free port can be taken by one of SGLang's own sockets before uvicorn binds it
+            server = Server(self.python, env or self.env, model, ["--dtype", dtype or self.dtype, *args], name,
+                            self.log_dir)
+            try:
+                server.startup_s = server.wait()
+                return server
+            except Exception as exc:
+                server.stop()
+                if PORT_TAKEN not in str(exc) or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def step(self, name: str, fn) -> None:
         """Run fn() -> dict of fields; an exception is recorded with its message, and the run goes on."""
@@ -187,13 +199,26 @@ def correctness(run: Run, model: Path, name: str, fmt: str, reference: dict) -> 
     try:
         outputs = server.batch(list(PROMPTS))
         again = server.generate(PROMPTS[0])
+        # A second session turn (a long first turn + its answer + more), then the same turn cold after a cache flush.
+        # On a GPU SGLang runs a hybrid with --mamba-radix-cache-strategy extra_buffer, which keeps the recurrent
+        # state every --mamba-track-interval (256) tokens: the first turn is longer than two intervals. Token ids,
+        # not text: random weights answer with token sequences that do not survive a text round trip.
+        long_ids = post(server.port, "/tokenize", {"prompt": SESSION_TURN})["tokens"]
+        first_turn = server.generate(input_ids=long_ids)
+        turn = long_ids + first_turn["output_ids"] + long_ids[:16]
+        warm_turn = server.generate(input_ids=turn)
+        post(server.port, "/flush_cache")
+        cold_turn = server.generate(input_ids=turn)
     finally:
         server.stop()
     ids = [o["output_ids"] for o in outputs]
     want = reference.get(name, {}).get(fmt)
     fields = {"output_ids": ids, "startup_s": round(server.startup_s, 1), "dtype": GPU_DTYPE.get(name, run.dtype),
               "radix_cached_tokens": again["meta_info"]["cached_tokens"],
-              "radix_same_output": again["output_ids"] == ids[0]}
+              "radix_same_output": again["output_ids"] == ids[0],
+              "turn_tokens": len(turn), "turn_cached_tokens": warm_turn["meta_info"]["cached_tokens"],
+              "turn_cold_cached_tokens": cold_turn["meta_info"]["cached_tokens"],
+              "turn_same_as_cold": warm_turn["output_ids"] == cold_turn["output_ids"]}
     if want is not None:
         fields["first_divergence_vs_cpu_fp32"] = [divergence(g, w) for g, w in zip(ids, want)]
     return fields
@@ -225,9 +250,9 @@ def nextn_args(kind: str) -> list[str]:
             str(topk), "--speculative-num-draft-tokens", str(drafts)]
 
 
-def nextn(run: Run, model: Path, fmt: str, kind: str, plain: list[list[int]] | None) -> dict:
+def nextn(run: Run, model: Path, name: str, fmt: str, kind: str, plain: list[list[int]] | None) -> dict:
     server = run.server(model, ["--kv-cache-dtype", fmt, "--mem-fraction-static", MEM_FRACTION, *nextn_args(kind)],
-                        f"nextn-{kind}-{fmt}")
+                        f"nextn-{kind}-{name}-{fmt}", dtype=GPU_DTYPE.get(name))
     try:
         outputs = server.batch(list(PROMPTS))
     finally:
@@ -316,16 +341,18 @@ def gpu_main(args) -> int:
     plain: dict = {}
     for fmt in args.formats:
         if "correctness" in args.phases:
-            for name in MODELS:
+            for name in args.models:
                 run.step(f"correctness {name} {fmt}", lambda n=name, f=fmt: correctness(run, models[n], n, f, reference))
                 last = run.results["steps"][-1]
-                if last.get("ok") and name == "mimo-d128":
-                    plain[fmt] = last["output_ids"]
+                if last.get("ok"):
+                    plain[(name, fmt)] = last["output_ids"]
         if "hicache" in args.phases:
             run.step(f"hicache kernel io {fmt}", lambda f=fmt: hicache(run, models["mimo-d128"], f))
         if "nextn" in args.phases:
-            for kind in NEXTN:
-                run.step(f"nextn {kind} {fmt}", lambda k=kind, f=fmt: nextn(run, models["mimo-d128"], f, k, plain.get(f)))
+            for name in args.nextn_models:
+                for kind in args.nextn_kinds:
+                    run.step(f"nextn {kind} {name} {fmt}",
+                             lambda n=name, k=kind, f=fmt: nextn(run, models[n], n, f, k, plain.get((n, f))))
         if "speed" in args.phases:
             run.step(f"speed {fmt}", lambda f=fmt: speed(run, speed_model, f))
             run.step(f"nextn speed {fmt}", lambda f=fmt: nextn_speed(run, models["mimo-d128"], f))
@@ -369,6 +396,9 @@ def main(argv=None) -> int:
     parser.add_argument("--bundle", type=Path, default=REPO / "build" / "bundle")
     parser.add_argument("--work", type=Path, default=Path("/tmp/sglang-ext-gpu-run"))
     parser.add_argument("--reference-file", type=Path, default=REPO / "docs" / "benchmarks" / "gpu-serving-reference.json")
+    parser.add_argument("--models", type=lambda s: s.split(","), default=list(MODELS), help="correctness checkpoints")
+    parser.add_argument("--nextn-models", type=lambda s: s.split(","), default=list(MODELS))
+    parser.add_argument("--nextn-kinds", type=lambda s: s.split(","), default=list(NEXTN))
     parser.add_argument("--formats", type=lambda s: s.split(","), default=list(FORMATS))
     parser.add_argument("--phases", type=lambda s: s.split(","), default=["correctness", "hicache", "nextn", "speed"])
     parser.add_argument("--dtype", default="float32", help="--dtype of the correctness / hicache / nextn servers")

@@ -4,6 +4,10 @@ They are registered only when one of those platforms is the one that activates i
 SGLang serves by itself nothing here touches SGLang.
 """
 
+import importlib.util
+import sys
+import types
+
 from sglang_ext import compat, hook_chain
 from sglang_ext.platform import batch_invariant, cpu_platform_active, gpu_platform_active
 from sglang_ext.platform.explicit_head_dim import keep_explicit_head_dim
@@ -46,7 +50,25 @@ def register() -> list[str]:
 
 def register_gpu() -> list[str]:
     hook_chain.register(compat.HOOK_DUAL_GEMM_SELECT_MODE, unfused_gate_up, compat.HookType.REPLACE)
-    return ["platform portable_gpu", "MLP gate/up without the CuTe DSL dual GEMM"]
+    registered = ["platform portable_gpu", "MLP gate/up without the CuTe DSL dual GEMM"]
+    if importlib.util.find_spec("flash_mla") is None:
+        sys.modules[compat.FLASHMLA_BACKEND_MODULE] = flashmla_backend_refusal()
+        registered.append("FlashMLA absent (its backend refuses)")
+    return registered
+
+
+def flashmla_backend_refusal() -> types.ModuleType:
+    """What SGLang imports as its FlashMLA backend module where the `flash_mla` package is absent. Its EAGLE worker
+    imports that module on any CUDA device only to test `isinstance(backend, FlashMLABackend)` when it captures the
+    draft-extend CUDA graphs (NEXTN stopped at start-up without it); choosing the backend is refused in one line."""
+    module = types.ModuleType(compat.FLASHMLA_BACKEND_MODULE)
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("the flashmla attention backend needs the flash_mla package (pip install sgl-flash-mla, "
+                           "CUDA sm_90/sm_100 only); use --attention-backend triton")
+
+    module.__dict__[compat.FLASHMLA_BACKEND_CLASS] = type(compat.FLASHMLA_BACKEND_CLASS, (), {"__init__": refuse})
+    return module
 
 
 def unfused_gate_up(self, gate_up_proj, hidden_size):

@@ -18,7 +18,7 @@ import torch
 
 device, model = sys.argv[1], sys.argv[2]
 hybrid = sys.argv[3] if len(sys.argv) > 3 else None  # a Qwen3.5-style hybrid checkpoint folder
-ABSENT = ("flashinfer", "deep_gemm", "deep_ep", "sgl_flash_mla")
+ABSENT = ("flashinfer", "deep_gemm", "deep_ep", "sgl_flash_mla", "flash_mla")
 
 
 class Absent(importlib.abc.MetaPathFinder):
@@ -119,6 +119,20 @@ def dual_gemm_mode():
         return f"{type(exc).__name__}: {exc}"
 
 
+def flashmla_backend():
+    """What SGLang's EAGLE worker imports on a CUDA device to list the draft-extend graph backends (flash_mla is
+    absent here, as on a bare GPU machine), and what choosing that backend says."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    try:  # the two lazy imports of EAGLEWorkerV2._capture_cuda_graphs on a CUDA device
+        from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend  # noqa: F401
+        from sglang.srt.layers.attention.flashmla_backend import FlashMLABackend
+    except Exception as exc:  # noqa: BLE001 (reported: the test expects the import to work)
+        return {"import": f"{type(exc).__name__}: {exc}"}
+    return {"import": "ok", "construct": refusal(lambda: FlashMLABackend(None))}
+
+
 print(json.dumps({
     "platform": type(current_platform).__name__,
     "out_of_tree": current_platform.is_out_of_tree(),
@@ -134,6 +148,7 @@ print(json.dumps({
     "flashinfer_backend": refusal(lambda: resolved(["--attention-backend", "flashinfer"])),
     "hybrid": None if hybrid is None else (refusal(hybrid_resolved) or hybrid_resolved()),
     "dual_gemm_mode": dual_gemm_mode(),
+    "flashmla_backend": flashmla_backend(),
     "graph_runners": {
         "decode": getattr(current_platform.get_graph_runner_cls(), "__name__", None),
         **{phase: getattr(current_platform.get_speculative_graph_runner_cls("EAGLE", phase), "__name__", None)

@@ -108,6 +108,11 @@ def test_sglang_process_on_the_platform(model_dir, device, environ):
     assert result["failed_imports"] == {}
     # Qwen2-layer MLPs: SGLang's CuTe DSL dual GEMM (nvidia-cutlass-dsl) stays off, the platform's hook says None
     assert result["dual_gemm_mode"] == "None"
+    # NEXTN: the EAGLE worker imports SGLang's FlashMLA backend module when it captures its draft-extend graphs, and
+    # that module needs flash_mla (absent here as on a bare GPU; NEXTN stopped at start-up on the H100 without the
+    # platform's replacement); choosing that backend is refused in one line
+    assert result["flashmla_backend"]["import"] == "ok", result["flashmla_backend"]
+    assert "needs the flash_mla package" in result["flashmla_backend"]["construct"]
     # CUDA graphs: SGLang refuses an out-of-tree platform that names no runner (the first capture stopped with
     # "provides no CUDA graph runner"); these are its own CUDA runners, imported here without sgl_kernel
     assert result["graph_runners"] == {"decode": "DecodeCudaGraphRunner", "draft_decode": "EAGLEDraftCudaGraphRunner",
