@@ -4,6 +4,7 @@ Installed as a BEFORE hook on SGLang's server-argument resolution, so they run i
 weights, tokenizer or hub lookup is touched.
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ class StartupError(SystemExit):
     """Printed as one line on stderr; the launcher exits with status 2 and no traceback."""
 
     def __init__(self, message: str):
+        self.message = message
         print(f"sglang-ext: error: {message}", file=sys.stderr, flush=True)
         super().__init__(2)
 
@@ -43,9 +45,36 @@ def check_environment() -> None:
         raise StartupError(str(e)) from None
 
 
+def has_linear_attention(model_path: str | None) -> bool:
+    """True for a local checkpoint whose config (or text config) declares linear-attention (Gated DeltaNet) layers."""
+    if not model_path or not looks_like_local_path(model_path):
+        return False
+    config_file = Path(model_path).expanduser() / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return False  # SGLang reports an unreadable config itself
+    for cfg in (config, config.get("text_config") or {}):
+        if "linear_attention" in (cfg.get("layer_types") or ()):
+            return True
+    return False
+
+
+def check_hybrid_dtype(server_args) -> None:
+    """On the portable GPU platform a linear-attention hybrid runs SGLang's chunked Gated DeltaNet prefill kernel,
+    which asserts bf16 / fp16 at the first prefill: refuse --dtype float32 before anything loads."""
+    from sglang_ext.platform import gpu_platform_active
+
+    if server_args.dtype in ("float32", "float") and gpu_platform_active() and has_linear_attention(
+            server_args.model_path):
+        raise StartupError(f"--dtype {server_args.dtype}: {server_args.model_path} has Gated DeltaNet layers, whose "
+                           "GPU prefill kernel takes bfloat16 or float16 only (use --dtype bfloat16)")
+
+
 def _before_resolve(server_args, *args, **kwargs):
     check_model_path(server_args.model_path)
     check_environment()
+    check_hybrid_dtype(server_args)
     return None
 
 

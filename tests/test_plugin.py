@@ -237,3 +237,23 @@ def test_check_names_an_import_time_patch_that_cannot_take(registry, monkeypatch
     import_patch._provided["sglang.kernels.ops.speculative.renamed_tree"] = lambda module: None
     assert hook_check.problems()[0] == [("module sglang.kernels.ops.speculative.renamed_tree (provided by "
                                          "sglang-ext): no such module in SGLang")]
+
+
+def test_hybrid_float32_is_refused_on_the_gpu_platform_only(tmp_path, monkeypatch):
+    from sglang_ext import platform, startup_checks
+
+    hybrid, dense = tmp_path / "hybrid", tmp_path / "dense"
+    hybrid.mkdir(), dense.mkdir()
+    (hybrid / "config.json").write_text(json.dumps(
+        {"text_config": {"layer_types": ["linear_attention", "full_attention"]}}))
+    (dense / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    args = types.SimpleNamespace(model_path=str(hybrid), dtype="float32")
+    monkeypatch.setattr(platform, "gpu_platform_active", lambda: False)
+    startup_checks.check_hybrid_dtype(args)  # the CPU platform runs it in float32 (torch ops)
+    monkeypatch.setattr(platform, "gpu_platform_active", lambda: True)
+    for ok in (types.SimpleNamespace(model_path=str(hybrid), dtype="bfloat16"),
+               types.SimpleNamespace(model_path=str(dense), dtype="float32")):
+        startup_checks.check_hybrid_dtype(ok)
+    with pytest.raises(SystemExit) as exc:
+        startup_checks.check_hybrid_dtype(args)
+    assert exc.value.code == 2 and "use --dtype bfloat16" in exc.value.message

@@ -91,6 +91,20 @@ def hybrid_resolved():
         "linear_attn_decode_backend", "linear_attn_verify_backend")}
 
 
+def hybrid_float32():
+    """What the launcher says to a hybrid with --dtype float32 once the plugins are loaded (SGLang's GPU prefill
+    kernel for Gated DeltaNet asserts bf16 / fp16 at the first prefill)."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    args = prepare_server_args(["--model-path", hybrid, "--dtype", "float32"])
+    try:
+        args.resolve_once()
+    except SystemExit as exc:
+        return getattr(exc, "message", f"exit {exc.code}")
+    return None
+
+
 def refusal(fn):
     try:
         fn()
@@ -149,6 +163,7 @@ print(json.dumps({
     "hybrid": None if hybrid is None else (refusal(hybrid_resolved) or hybrid_resolved()),
     "dual_gemm_mode": dual_gemm_mode(),
     "flashmla_backend": flashmla_backend(),
+    "hybrid_float32": None if hybrid is None else hybrid_float32(),
     "graph_runners": {
         "decode": getattr(current_platform.get_graph_runner_cls(), "__name__", None),
         **{phase: getattr(current_platform.get_speculative_graph_runner_cls("EAGLE", phase), "__name__", None)

@@ -113,6 +113,11 @@ def test_sglang_process_on_the_platform(model_dir, device, environ):
     # platform's replacement); choosing that backend is refused in one line
     assert result["flashmla_backend"]["import"] == "ok", result["flashmla_backend"]
     assert "needs the flash_mla package" in result["flashmla_backend"]["construct"]
+    # a hybrid with --dtype float32 is refused in the launcher (SGLang's Gated DeltaNet prefill kernel asserts
+    # bf16 / fp16 at the first prefill on a GPU)
+    assert (result["hybrid_float32"] or "").endswith(
+        "has Gated DeltaNet layers, whose GPU prefill kernel takes bfloat16 or float16 only (use --dtype bfloat16)"), \
+        result["hybrid_float32"]
     # CUDA graphs: SGLang refuses an out-of-tree platform that names no runner (the first capture stopped with
     # "provides no CUDA graph runner"); these are its own CUDA runners, imported here without sgl_kernel
     assert result["graph_runners"] == {"decode": "DecodeCudaGraphRunner", "draft_decode": "EAGLEDraftCudaGraphRunner",
