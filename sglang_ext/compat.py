@@ -166,6 +166,9 @@ HOOK_TORCH_NATIVE_SDPA_EXTEND = f"{TORCH_NATIVE_ATTN_BACKEND}._run_sdpa_forward_
 # Seeded sampling (`sampling_seed`) hashes (seed, position, token) with this; on a CPU device it needs sgl_kernel's
 # CPU build. The portable CPU platform replaces it with sglang_ext.platform.seeded_sampling.murmur_hash32.
 HOOK_MURMUR_HASH32 = "sglang.kernels.ops.sampling.murmur_hash.murmur_hash32"
+# A decode step's batch preparation (self); with the Mamba radix cache's extra_buffer strategy it pins the track mask
+# unconditionally (pin_memory() needs a CUDA driver). The CPU platform hooks it (AROUND, platform/mamba_snapshots.py).
+HOOK_SCHEDULE_BATCH_PREPARE_FOR_DECODE = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
 # --- batch-invariant mode on the portable CPU platform (platform/batch_invariant.py) ---------------------------
 # --enable-deterministic-inference: SGLang validates the attention backend against a list it lets platforms extend
 # (`add_deterministic_attention_backend_choices`, list.extend); ModelRunner then calls
@@ -239,6 +242,10 @@ GDN_KERNEL_TARGETS = {
         "sglang.kernels.ops.mamba.mamba_state_scatter_triton.fused_conv_window_scatter_with_mask",
     "fused_conv_window_scatter_multi":
         "sglang.kernels.ops.mamba.mamba_state_scatter_triton.fused_conv_window_scatter_multi",
+    # The decode-time state checkpoint of --mamba-radix-cache-strategy extra_buffer (working slot -> track slot).
+    "track_mamba_states_if_needed": "sglang.kernels.ops.mamba.mamba_state_scatter_triton.track_mamba_states_if_needed",
+    "track_mamba_states_all_layers":
+        "sglang.kernels.ops.mamba.mamba_state_scatter_triton.track_mamba_states_all_layers",
 }
 # qwen4_exp's QSA indexer (a fused op) defines forward_cuda / forward_xpu only; on an out-of-tree platform the
 # fused-op dispatch calls forward_native, which raises NotImplementedError. Both of its forwards are
@@ -378,6 +385,7 @@ HOOKED_SIGNATURES = {
     HOOK_TORCH_NATIVE_FORWARD_EXTEND: "(self, q, k, v, layer, forward_batch, save_kv_cache=True)",
     f"{TORCH_NATIVE_ATTN_BACKEND}.forward_decode": "(self, q, k, v, layer, forward_batch, save_kv_cache=True)",
     HOOK_MURMUR_HASH32: "(seed, positions, col_indices)",
+    HOOK_SCHEDULE_BATCH_PREPARE_FOR_DECODE: "(self)",
     HOOK_ENABLE_BATCH_INVARIANT_MODE: "(self)",
     HOOK_MODEL_RUNNER_FORWARD: (
         "(self, forward_batch, skip_attn_backend_init=None, pp_proxy_tensors=None, reinit_attn_backend=False, "
@@ -489,6 +497,12 @@ HOOKED_SIGNATURES = {
         "(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None)"),
     "sglang.kernels.ops.mamba.mamba_state_scatter_triton.fused_conv_window_scatter_multi": (
         "(pairs, dst_indices_raw, step_indices_raw, dst_indices2_raw=None, step_indices2_raw=None)"),
+    "sglang.kernels.ops.mamba.mamba_state_scatter_triton.track_mamba_states_if_needed": (
+        "(conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size, "
+        "check_freed_slots=False)"),
+    "sglang.kernels.ops.mamba.mamba_state_scatter_triton.track_mamba_states_all_layers": (
+        "(conv_states_pool, ssm_states_pool, cache_indices, mamba_track_mask, mamba_track_indices, batch_size, "
+        "check_freed_slots=False)"),
     "sglang.kernels.ops.attention.fla.layernorm_gated.layernorm_fn": (
         "(x, weight, bias, z=None, eps=1e-06, group_size=None, norm_before_gate=True, is_rms_norm=False, "
         "activation='swish')"),

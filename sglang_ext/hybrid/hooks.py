@@ -16,10 +16,11 @@ from sglang_ext.hybrid.ops import (
     recurrent,
     shared_expert_gate,
     state_scatter,
+    state_track,
 )
 from sglang_ext.hybrid.ops.errors import UnsupportedGdnOption
 from sglang_ext.hybrid.ops.qsa_sparse import gather_compressed_keys, ragged_topk, sparse_gqa_attention
-from sglang_ext.hybrid.qsa import qsa_indexer_forward_native
+from sglang_ext.hybrid.qsa import qsa_indexer_forward_native, qsa_pool_kv_read
 from sglang_ext.platform import cpu_platform_active
 
 _registered = False
@@ -50,6 +51,8 @@ TORCH_OPS = {
     "fused_mamba_state_scatter_with_mask": state_scatter.fused_mamba_state_scatter_with_mask,
     "fused_conv_window_scatter_with_mask": state_scatter.fused_conv_window_scatter_with_mask,
     "fused_conv_window_scatter_multi": state_scatter.fused_conv_window_scatter_multi,
+    "track_mamba_states_if_needed": state_track.track_mamba_states_if_needed,
+    "track_mamba_states_all_layers": state_track.track_mamba_states_all_layers,
 }
 
 # qwen4_exp's QSA path (compat.QSA_KERNEL_TARGETS)
@@ -70,4 +73,6 @@ def register() -> list[str]:
     hook_chain.register(compat.QSA_INDEXER_FORWARD_NATIVE, qsa_indexer_forward_native, compat.HookType.REPLACE)
     for name, target in compat.QSA_KERNEL_TARGETS.items():
         hook_chain.register(target, QSA_TORCH_OPS[name], compat.HookType.REPLACE)
+    for target in compat.QSA_POOL_KV_READS:
+        hook_chain.register(target, qsa_pool_kv_read, compat.HookType.AROUND)
     return ["hybrid GDN ops (torch) on the cpu platform"]

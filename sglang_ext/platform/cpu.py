@@ -57,6 +57,11 @@ class PortableCpuPlatform(compat.CpuDeviceMixin, compat.SRTPlatform):
     def is_pin_memory_available(self, device=None) -> bool:
         return False
 
+    # Hybrid models' Mamba radix cache with recurrent-state snapshots (`extra_buffer`, SGLang's choice on GPUs and the
+    # one that takes page sizes above 1): the snapshot copies run as torch ops here (platform/mamba_snapshots.py).
+    def support_mamba_cache_extra_buffer(self) -> bool:
+        return True
+
     # Speculative decoding: the torch ops of sglang_ext/spec are installed by its register() (plugin).
     def supports_speculative_algorithm(self, algorithm: str) -> bool:
         from sglang_ext.spec import SUPPORTED_ALGORITHMS

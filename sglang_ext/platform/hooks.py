@@ -12,6 +12,7 @@ from sglang_ext import compat, hook_chain
 from sglang_ext.platform import batch_invariant, cpu_platform_active, gpu_platform_active
 from sglang_ext.platform.explicit_head_dim import keep_explicit_head_dim
 from sglang_ext.platform.host_pool import host_pool_cls_for
+from sglang_ext.platform.mamba_snapshots import prepare_for_decode
 from sglang_ext.platform.memory import HICACHE_HOST_RESERVE_BYTES
 from sglang_ext.platform.prefix_attention import run_sdpa_forward_extend
 from sglang_ext.platform.seeded_sampling import murmur_hash32
@@ -27,9 +28,11 @@ def register() -> list[str]:
     hook_chain.register(compat.HOOK_TORCH_NATIVE_SDPA_EXTEND, run_sdpa_forward_extend, compat.HookType.AROUND)
     hook_chain.register(compat.HOOK_MURMUR_HASH32, murmur_hash32, compat.HookType.REPLACE)
     hook_chain.register(compat.HOOK_QWEN2_DECODER_LAYER_INIT, keep_explicit_head_dim, compat.HookType.AROUND)
+    hook_chain.register(compat.HOOK_SCHEDULE_BATCH_PREPARE_FOR_DECODE, prepare_for_decode, compat.HookType.AROUND)
     registered = ["platform portable_cpu", "cpu hicache host pool (layer_first, page_first, page_first_direct)",
                   "torch_native extend over a cached prefix attends the new rows only",
-                  "per-request sampling_seed (MurmurHash3 in torch)", "explicit head_dim of Qwen2-layer models"]
+                  "per-request sampling_seed (MurmurHash3 in torch)", "explicit head_dim of Qwen2-layer models",
+                  "Mamba radix cache extra_buffer (recurrent-state snapshots)"]
     # --enable-deterministic-inference (batch_invariant.py). The per-step hooks are installed only in the processes
     # of a server started with the flag (the launcher exports it), so the default path runs no extra code.
     compat.add_deterministic_attention_backend_choices(["torch_native"])
