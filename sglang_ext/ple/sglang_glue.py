@@ -203,9 +203,6 @@ def _ssd_ngram_init(self, embedding, *, backend: str = "pinned", table_dir=None)
     nn.Module.__init__(self)
     for name in getattr(base, compat.QWEN4_COPIED_ATTRS):
         setattr(self, name, getattr(embedding, name))
-    if self.tp_size != 1:
-        raise NotImplementedError(f"--ple-offload-backend {BACKEND} serves the whole table per rank; tp_size "
-                                  f"{self.tp_size} is not supported yet")
     if embedding.weight.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
         raise TypeError(f"PLE table must be bfloat16 or float8_e4m3fn, got {embedding.weight.dtype}")
     self.quant_method = None
@@ -222,10 +219,22 @@ def _ssd_ngram_gather(self, input_ids: torch.Tensor, out: torch.Tensor | None = 
         raise RuntimeError("PLE table gathered before load_weights opened its SSD store")
     if getattr(self, "_ssd_store", None) is None:  # a pinned/file instance of the swapped-in class
         return type(self).__mro__[1].gather(self, input_ids, out)
-    rows = self._ssd_store.gather(input_ids)
+    if self.tp_size == 1:
+        rows = self._ssd_store.gather(input_ids)
+        if out is None:
+            return rows.to(device=input_ids.device, dtype=torch.bfloat16)
+        out.copy_(rows)  # fp8 -> bf16 is exact, as in SGLang's gather kernel
+        return out
+    # Tensor parallel: as SGLang's gather kernel, this rank returns the rows of its vocabulary shard and zeros for
+    # the others; the layer's reduce() sums the ranks' outputs (x + 0 is exact). Each rank reads only its rows.
     if out is None:
-        return rows.to(device=input_ids.device, dtype=torch.bfloat16)
-    out.copy_(rows)  # fp8 -> bf16 is exact, as in SGLang's gather kernel
+        out = torch.empty((*input_ids.shape, self.embedding_dim), dtype=torch.bfloat16, device=input_ids.device)
+    flat = input_ids.reshape(-1)
+    mine = (flat >= self.shard_indices.org_vocab_start_index) & (flat < self.shard_indices.org_vocab_end_index)
+    rows = out.view(-1, self.embedding_dim)
+    rows.zero_()
+    if bool(mine.any()):
+        rows[mine] = self._ssd_store.gather(flat[mine]).to(device=rows.device, dtype=torch.bfloat16)
     return out
 
 

@@ -114,3 +114,36 @@ def test_qwen4_ssd_embedding_gather(registered, tmp_path, table_dtype):
     out = torch.zeros_like(want)
     assert emb.gather(ids, out=out) is out and torch.equal(out, want)
     emb._ssd_store.close()
+
+
+def test_qwen4_ssd_embedding_tp_ranks_read_their_shard(registered, tmp_path):
+    """Under tensor parallelism each rank returns the rows of its vocabulary shard and zeros elsewhere, as SGLang's
+    gather kernel does, so that the layer's all-reduce (here: the sum over ranks) gives table[ids] exactly; each
+    rank's store reads only the ids of its own shard."""
+    q = pytest.importorskip("sglang.srt.models.qwen4_exp")
+    ssd_cls = q.Qwen4ExpPinnedHostEmbedding
+    rows, dim, tp = 1000, 10, 2
+    table = torch.randn(rows, dim, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    write_table_tensors(str(tmp_path / "t.safetensors"), {"t": table})
+    ids = torch.randint(0, rows, (5, 12), generator=torch.Generator().manual_seed(8))
+    total = torch.zeros(*ids.shape, dim, dtype=torch.bfloat16)
+    per_rank = -(-rows // tp)
+    for rank in range(tp):
+        start, end = rank * per_rank, min(rows, (rank + 1) * per_rank)
+        attrs = {name: None for name in ssd_cls._COPIED_ATTRIBUTES}
+        attrs.update(tp_size=tp, embedding_dim=dim, org_vocab_size=rows,
+                     shard_indices=types.SimpleNamespace(org_vocab_start_index=start, org_vocab_end_index=end))
+        source = types.SimpleNamespace(**attrs, weight=torch.empty(per_rank, dim, dtype=torch.bfloat16, device="meta"),
+                                       weight_scale=torch.ones(1, dtype=torch.bfloat16))
+        emb = ssd_cls(source, backend="ssd", table_dir=None)
+        emb._ssd_store = PleTableStore(TableLayout.from_safetensors(str(tmp_path / "t.safetensors"), "t"),
+                                       PleStoreConfig(threads=2))
+        emb._ssd_pending = False
+        got = emb.gather(ids)
+        mine = (ids >= start) & (ids < end)
+        assert torch.equal(got[mine], table[ids[mine]]), f"rank {rank}: rows of its shard differ"
+        assert not got[~mine].any(), f"rank {rank}: rows outside its shard must be zero"
+        assert emb._ssd_store.rows_requested == int(mine.sum()), f"rank {rank} read rows of another shard"
+        total += got
+        emb._ssd_store.close()
+    assert torch.equal(total, table[ids])
