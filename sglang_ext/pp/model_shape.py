@@ -47,7 +47,7 @@ class ModelShape:
     embed_bytes: float  # first stage: token embedding + per-layer-input tables kept on the device
     lm_head_bytes: float  # last stage
     raw_id_layers: tuple[int, ...]  # layers that read the raw input ids: must sit on stage 0
-    raw_id_reason: str = ""  # what makes them need the ids (PLE, engram, ...)
+    raw_id_reason: str = ""  # what makes them need the ids (engram, per-layer inputs)
     tied_embeddings: bool = False
     mla_kv_dim: int = 0  # > 0 for MLA: elements per token per layer (not split by TP)
     divisibility: tuple[tuple[str, int], ...] = ()  # (what, size) TP must divide, besides the heads
@@ -135,13 +135,14 @@ def _layer_kinds(cfg: Mapping[str, Any], num_layers: int) -> list[str]:
 
 
 def _raw_id_layers(cfg: Mapping[str, Any], num_layers: int) -> tuple[tuple[int, ...], str]:
-    """Layers that read the raw input ids, per the SGLang 0.5.23 model code:
-    qwen4_exp: `ple_layer_ids` (1-based; `_has_ple` in models/qwen4_exp.py, the n-gram PLE hashes input ids);
+    """Layers that must sit on stage 0 because they read the raw input ids, per the SGLang 0.5.23 model code:
     deepseek_v4 engram: `engram_layer_ids` (0-based; layers/engram.py hashes input ids);
     Gemma 3n-style per-layer inputs: `hidden_size_per_layer_input` (every layer reads its slice of a
-    table looked up by input id at the model's top)."""
-    if cfg.get("ple_layer_ids"):
-        return tuple(sorted({int(i) - 1 for i in cfg["ple_layer_ids"]})), "PLE n-gram embedding"
+    table looked up by input id at the model's top).
+    Not qwen4_exp's PLE layers (`ple_layer_ids`): its model forward prepares the n-gram batch on every stage that
+    holds a PLE layer, from that stage's own ForwardBatch.input_ids (each PP rank's scheduler builds the batch
+    from the requests), with the n-gram history in that rank's request pool (models/qwen4_exp.py,
+    Qwen4ExpModel.forward / _prepare_ple_batch); served at PP=3 with a PLE layer on stage 1 = transformers."""
     if cfg.get("engram_layer_ids"):
         return tuple(sorted({int(i) for i in cfg["engram_layer_ids"]})), "engram n-gram embedding"
     if cfg.get("hidden_size_per_layer_input"):
@@ -192,7 +193,7 @@ def _shape_from_config(config: Mapping[str, Any], name: str) -> ModelShape:
     moe_ids = _moe_layer_ids(cfg, L)
 
     raw_ids, raw_reason = _raw_id_layers(cfg, L)
-    ple_ids = set(raw_ids) if cfg.get("ple_layer_ids") and not cfg.get("ple_offload_embedding") else set()
+    ple_ids = {int(i) - 1 for i in cfg.get("ple_layer_ids") or []} if not cfg.get("ple_offload_embedding") else set()
     # qwen4_exp PLE: one bf16 n-gram table per PLE layer, (ngram_size-1)*heads_per_ngram hash heads of about
     # ngram_vocab_size_base rows x (ple_embed_dim / heads) dims (Qwen4ExpPLELayer), unless offloaded to host
     hash_heads = max(1, (int(cfg.get("ngram_size") or 3) - 1) * int(cfg.get("heads_per_ngram") or 8))

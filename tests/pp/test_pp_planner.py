@@ -94,7 +94,7 @@ def _brute_force(shape, tp, pp, opts):
         (3, (1.0, 1.0, 1.0), {}),
         (3, (0.9, 1.2, 0.8), {}),  # heterogeneous memory
         (4, (1.0, 0.8, 1.0, 0.8), {}),
-        (3, (1.0, 1.0, 1.0), {"ple_layer_ids": [12]}),  # layer 11 pinned to stage 0
+        (3, (1.0, 1.0, 1.0), {"engram_layer_ids": [11]}),  # layer 11 pinned to stage 0
     ],
 )
 def test_plan_is_optimal_against_brute_force(shape_of, pp, mem, overrides):
@@ -145,14 +145,25 @@ def test_memory_unknown_balances_layers_then_time(shape_of):
     assert plan.capacity is None and plan.stage_tokens is None
 
 
-def test_ple_layer_pinned_to_first_stage(shape_of):
-    shape = shape_of("qwen4_exp_like_ple", ple_layer_ids=[20])
+def test_raw_id_layer_pinned_to_first_stage(shape_of):
+    shape = shape_of("qwen4_exp_like_ple", engram_layer_ids=[19])
     assert shape.raw_id_layers == (19,)
     opts = PlanOptions(gpu_mem_gib=(80.0,) * 8)
     plan = plan_partition(shape, 2, 4, opts)
     assert plan.partition[0] >= 20 and plan.capacity > 0, plan
-    with pytest.raises(PartitionError, match=r"layer 19 reads the raw input ids \(PLE n-gram embedding\)"):
+    with pytest.raises(PartitionError, match=r"layer 19 reads the raw input ids \(engram n-gram embedding\)"):
         evaluate_partition(shape, 2, default_partition(48, 4), opts)
+
+
+def test_qwen4_exp_ple_layers_may_sit_on_any_stage(shape_of):
+    """qwen4_exp prepares its n-gram PLE batch on every stage from that stage's own input ids (served at PP=3 with
+    a PLE layer on stage 1 in tests/hybrid/test_qwen4_exp_parallel.py), so its PLE layers pin nothing."""
+    shape = shape_of("qwen4_exp_like_ple", ple_layer_ids=[20, 40])
+    assert shape.raw_id_layers == ()
+    opts = PlanOptions(gpu_mem_gib=(80.0,) * 8)
+    default = evaluate_partition(shape, 2, default_partition(48, 4), opts)
+    assert default.capacity > 0
+    assert plan_partition(shape, 2, 4, opts).capacity >= default.capacity
 
 
 def test_every_layer_reading_input_ids_forbids_pp(shape_of):

@@ -96,8 +96,8 @@ def test_bad_lists_raise_one_line_errors(prepare, config_dir, value, message):
         prepare(_argv(config_dir(), "--pp-layer-partition", value))
 
 
-def test_ple_layer_off_stage_zero_is_named(prepare, config_dir):
-    path = config_dir(ple_layer_ids=[12])
+def test_raw_id_layer_off_stage_zero_is_named(prepare, config_dir):
+    path = config_dir(engram_layer_ids=[11])
     with pytest.raises(PartitionError, match=r"layer 11 reads the raw input ids .* stage 1; stage 0 needs at least 12"):
         prepare(_argv(path, "--pp-layer-partition", "10,10,10"))
     import os
