@@ -20,8 +20,8 @@ hybrid/ops/qsa_sparse.py, the PLE rows and hyper-connections in the served dtype
 The tiny model's indexer budget (2048 tokens in 512 blocks) covers every prompt here, so every complete block
 is selected: the selection itself is tested in test_qsa_sparse.py.
 
-Flags: qwen4_exp's QSA forces page size 64, which SGLang's Mamba radix cache accepts only with its extra-buffer
-strategy (not declared by the CPU platform), hence `--disable-radix-cache`; a float32 conv state as in
+Flags: `--disable-radix-cache` (these servers compare the model, not the cache; qwen4_exp with the radix cache on,
+page size 64 and the extra_buffer strategy, is test_hybrid_extra_buffer.py's); a float32 conv state as in
 test_hybrid_serving.py; a 16-slot Mamba pool; `--mem-fraction-static 0.95` (the pool is capped by
 --max-total-tokens; SGLang's default fraction failed its post-load check when other processes took RAM)."""
 
