@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--context-tokens", type=int, default=4096, help="context length for the time model")
     plan.add_argument("--paged-experts-num-resident", type=int, default=None,
                       help="as SGLang's flag with --enable-paged-experts: count K routed experts per MoE layer")
+    plan.add_argument("--ple-offloaded", action="store_true",
+                      help="qwen4_exp: the n-gram PLE tables stay off the GPU (--ple-offload-embedding or "
+                      "--ple-offload-backend ssd); their bytes are not counted")
     return parser
 
 
@@ -67,6 +70,6 @@ def main(argv: list[str] | None = None) -> int:
         context_tokens=args.context_tokens,
         paged_experts_num_resident=args.paged_experts_num_resident,
     )
-    shape = load_shape(args.model_path)
+    shape = load_shape(args.model_path, ple_offloaded=args.ple_offloaded)
     print(render(shape, args.gpus, opts, plan_gpus(shape, args.gpus, opts, tp=args.tp)))
     return 0

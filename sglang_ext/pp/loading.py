@@ -20,11 +20,22 @@ def load_config(model_path: str | Path) -> tuple[dict, Path]:
         return json.load(f), config_file.parent
 
 
-def load_shape(model_path: str | Path) -> ModelShape:
+# qwen4_exp's n-gram PLE tables in a checkpoint: `<layer>.ple.ple_embedding.ngram_embedding.shard_<i>.weight`
+PLE_TABLE_MARK = ".ngram_embedding."
+
+
+def load_shape(model_path: str | Path, ple_offloaded: bool = False) -> ModelShape:
     """ModelShape of the model at `model_path`; weight bytes from its *.safetensors headers when the folder has
-    them (quantized checkpoints then count at their stored size), else estimated from the config."""
+    them (quantized checkpoints then count at their stored size), else estimated from the config.
+    ple_offloaded: qwen4_exp's n-gram PLE tables stay off the GPU (`--ple-offload-embedding`, or
+    `--ple-offload-backend ssd`), so their layers do not count them."""
     config, folder = load_config(model_path)
     path = Path(model_path)
     name = path.stem if path.is_file() and path.name != "config.json" else folder.name
+    if ple_offloaded:
+        config.get("text_config", config)["ple_offload_embedding"] = True
     shape = ModelShape.from_config(config, name=name)
-    return shape_with_checkpoint_bytes(shape, read_tensor_bytes(folder))
+    tensors = read_tensor_bytes(folder)
+    if ple_offloaded:
+        tensors = {n: b for n, b in tensors.items() if PLE_TABLE_MARK not in n}
+    return shape_with_checkpoint_bytes(shape, tensors)

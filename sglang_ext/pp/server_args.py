@@ -71,15 +71,22 @@ def _add_flag(_result: Any, parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _ple_offloaded(args: argparse.Namespace) -> bool:
+    """qwen4_exp's n-gram PLE tables stay in host memory or on SSD (the ssd backend implies the offload)."""
+    from sglang_ext.ple.sglang_glue import BACKEND
+
+    return bool(getattr(args, "ple_offload_embedding", False)) or getattr(args, "ple_offload_backend", None) == BACKEND
+
+
 def _model_shape(args: argparse.Namespace) -> ModelShape:
     """Shape of --model-path: a local folder, else config.json from the Hugging Face cache / hub."""
     path = str(args.model_path)
     if os.path.exists(path):
-        return load_shape(path)
+        return load_shape(path, ple_offloaded=_ple_offloaded(args))
     from huggingface_hub import hf_hub_download
 
     config_file = hf_hub_download(path, "config.json", revision=getattr(args, "revision", None))
-    return load_shape(config_file)
+    return load_shape(config_file, ple_offloaded=_ple_offloaded(args))
 
 
 def _stage_gpu_memory(args: argparse.Namespace, num_gpus: int) -> tuple[float, ...] | None:

@@ -267,3 +267,22 @@ def test_hybrid_plan_is_optimal_against_brute_force(shape_of, max_mamba):
     best_cap, floor_cap, fastest = _brute_force(shape, 1, 3, opts)
     assert floor_cap <= plan.capacity <= best_cap, f"plan {plan.partition}: {plan.capacity} tokens, best {best_cap}"
     assert plan.bottleneck_ms <= fastest + 1e-9, f"plan {plan.partition}: {plan.bottleneck_ms} ms, fastest {fastest} ms"
+
+
+def test_offloaded_ple_tables_are_not_counted(model_dir):
+    """qwen4_exp's n-gram tables count on their layer's GPU unless they stay in host memory or on SSD
+    (--ple-offload-embedding / --ple-offload-backend ssd): with them a real checkpoint's table (tens of GB)
+    would otherwise decide the split."""
+    from safetensors import safe_open
+
+    from sglang_ext.models.tiny import prepare_tiny
+    from sglang_ext.pp.loading import load_shape
+
+    folder = prepare_tiny("qwen4_exp")
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        table = [f.get_slice(n) for n in f.keys() if ".ngram_embedding.shard_" in n]
+        table_bytes = sum(s.get_shape()[0] * s.get_shape()[1] * 2 for s in table)  # bf16
+    on_gpu, offloaded = load_shape(folder), load_shape(folder, ple_offloaded=True)
+    assert table_bytes > 0
+    assert on_gpu.layer_weight_bytes[0] - offloaded.layer_weight_bytes[0] == table_bytes
+    assert on_gpu.layer_weight_bytes[1:] == offloaded.layer_weight_bytes[1:]
