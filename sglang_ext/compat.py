@@ -262,6 +262,14 @@ QSA_KERNEL_TARGETS = {
     "qsa_fast_topk": "sglang.srt.layers.attention.qsa.kernel.qsa_fast_topk",
     "qsa_sparse_attention": "sglang.srt.layers.attention.qsa.kernel.qsa_sparse_attention",
 }
+# The QSA pool's full-attention K/V reads (inherited from HybridLinearKVPool), wrapped on the CPU platform so a
+# compressed sub-pool hands the sparse attention its planes (hybrid/qsa.py).
+QSA_POOL_KV_READS = (
+    "sglang.srt.mem_cache.qsa_kv_pool.QSATokenToKVPool.get_key_buffer",
+    "sglang.srt.mem_cache.qsa_kv_pool.QSATokenToKVPool.get_value_buffer",
+)
+# DefaultPoolConfigurator's per-token bytes of the QSA index caches, added to a compressed format's cell size.
+POOL_QSA_CELL_SIZE = "_compute_qsa_cell_size"
 # --- speculative decoding on the portable CPU platform (sglang_ext/spec/) ----------------------------------
 # Functions replaced (HookRegistry REPLACE) by torch ops: their modules import on any platform, but on an
 # out-of-tree platform these functions launch Triton kernels on CPU tensors or refuse the platform.
@@ -373,6 +381,8 @@ HOOKED_SIGNATURES = {
     QSA_INDEXER_FORWARD_NATIVE: "(self, *args, **kwargs)",
     f"{QSA_INDEXER_FORWARD_NATIVE.rpartition('.')[0]}.{QSA_INDEXER_FORWARD_IMPL}": (
         "(self, hidden_states, positions, forward_batch, indexer_metadata, cp_global_rope_positions=None)"),
+    **{target: "(self, layer_id, scale=None)" for target in QSA_POOL_KV_READS},
+    f"{HOOK_POOL_CELL_SIZE.rpartition('.')[0]}.{POOL_QSA_CELL_SIZE}": "(*, hf_config, num_layers)",
     # HiCache (platform/host_pool.py, hicache/hooks.py)
     HOOK_GET_MHA_HOST_POOL_CLS: "(buffer_info)",
     HOOK_CREATE_STORAGE_BACKEND: "(backend_name, storage_config, mem_pool_host, **kwargs)",

@@ -8,9 +8,18 @@ RoPE), score the compressed keys (relu(q . k) summed over index heads) and selec
 query's incomplete tail group. On tensors that are not CUDA each of those steps takes SGLang's torch path
 (`torch_qsa_mqa_prefill` / `torch_qsa_mqa_decode`, a per-row `torch.topk`, `torch_expand_qsa_block_indices`),
 so `forward_native` here is that orchestration. Prefill context parallelism (a CUDA-only feature) is refused.
+
+Compressed KV (`--kv-cache-dtype int8|octave_k3v4|octave_k3v3`): SGLang's QSA pool (a `HybridLinearKVPool`)
+holds the full-attention K/V in sglang-ext's compressed sub-pool; the indexer's own caches (pending key ring,
+compressed index keys) stay SGLang's. The only readers of the full-attention K/V are the sparse attention's two
+CPU paths, `qsa_sparse_attention(q, pool.get_key_buffer(l), pool.get_value_buffer(l), slots, scale)`; for a
+compressed sub-pool both reads return the layer's planes (`QuantizedKVPlanes`) and the torch op dequantizes the
+rows each query selected. SGLang's CUDA paths (Triton / TRT-LLM sparse kernels) read dense K/V and are not
+covered: support.py refuses the combination off the CPU platform.
 """
 
 from sglang_ext import compat
+from sglang_ext.hybrid.ops.qsa_sparse import QuantizedKVPlanes
 
 
 def qsa_indexer_forward_native(self, *args, **kwargs):
@@ -22,3 +31,14 @@ def qsa_indexer_forward_native(self, *args, **kwargs):
         raise NotImplementedError("QSA indexer: prefill context parallelism needs CUDA; the CPU platform "
                                   "serves qwen4_exp without it")
     return getattr(self, compat.QSA_INDEXER_FORWARD_IMPL)(*args, **kwargs)
+
+
+def qsa_pool_kv_read(original, self, layer_id, *args, **kwargs):
+    """AROUND `QSATokenToKVPool.get_key_buffer` / `get_value_buffer`: a compressed full-attention sub-pool gives
+    the layer's `QuantizedKVPlanes` (K and V read the same planes); a dense one SGLang's tensor."""
+    from sglang_ext.kvcache.hybrid_pool import compressed_pool_of
+
+    pool = compressed_pool_of(self)
+    if pool is None:
+        return original(self, layer_id, *args, **kwargs)
+    return QuantizedKVPlanes(pool.kv_format, pool.layer_planes(layer_id))

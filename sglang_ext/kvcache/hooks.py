@@ -79,6 +79,8 @@ def _compute_cell_size(original, self, kvc, num_layers, *args, **kwargs):
     kv_heads = kvc.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
     fmt = kv_format_for(kvc)
     cell_size = kv_heads * num_layers * fmt.bytes_per_token_head
+    # qwen4_exp's QSA index caches (SGLang's own dtype) sit beside the full-attention K/V: SGLang's bytes for them.
+    cell_size += getattr(self, compat.POOL_QSA_CELL_SIZE)(hf_config=kvc.model_config.hf_config, num_layers=num_layers)
     logger.info("sglang-ext KV sizing: %s cell size %d bytes per token", fmt.name, cell_size)
     return cell_size
 

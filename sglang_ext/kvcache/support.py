@@ -54,10 +54,15 @@ def check_supported(kvc) -> KVFormat:
             f"beside full attention); {model} has sliding-window attention layers (use --kv-cache-dtype auto)"
         )
     if kvc.mambaish_config is not None and getattr(kvc.model_config.hf_text_config, "indexer_n_heads", None):
-        raise ValueError(
-            f"{flag} supports linear-attention hybrids with dense full attention; {model}'s full-attention layers "
-            "use a QSA sparse indexer (use --kv-cache-dtype auto)"
-        )
+        from sglang_ext.platform import cpu_platform_active
+
+        # The CPU platform's sparse attention dequantizes the rows it selects (hybrid/qsa.py); SGLang's CUDA
+        # sparse kernels read dense K/V.
+        if not cpu_platform_active():
+            raise ValueError(
+                f"{flag} serves QSA sparse-attention hybrids ({model}) on the CPU platform only: SGLang's GPU "
+                "sparse-attention kernels read dense K/V (use --kv-cache-dtype auto)"
+            )
     prefill, decode = compat.attention_backends()
     for phase, backend in (("prefill", prefill), ("decode", decode)):
         if backend is not None and backend not in SUPPORTED_ATTENTION_BACKENDS:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_ext import compat
+from sglang_ext import compat, platform
 from sglang_ext.kvcache import hooks, support
 from sglang_ext.kvcache.batch_plan import plan_decode, plan_extend
 from sglang_ext.kvcache.formats import KV_CACHE_DTYPES, resolve_kv_format
@@ -112,12 +112,15 @@ def test_cell_size_uses_the_format_bytes(name, monkeypatch):
     kvc = SimpleNamespace(
         kv_cache_dtype_str=name,
         model_config=SimpleNamespace(
-            head_dim=DIM, v_head_dim=DIM, model_path="m", hf_text_config=SimpleNamespace(),
+            head_dim=DIM, v_head_dim=DIM, model_path="m", hf_text_config=SimpleNamespace(), hf_config=SimpleNamespace(),
             get_num_kv_heads=lambda tp, dcp: HEADS,
         ),
     )  # fmt: skip
     fmt = get_format(name, DIM, DIM)
-    cell = hooks._compute_cell_size(lambda *a: pytest.fail("fell through to SGLang's cell size"), None, kvc, 30)
+    from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
+
+    configurator = SimpleNamespace(_compute_qsa_cell_size=DefaultPoolConfigurator._compute_qsa_cell_size)  # 0: no QSA
+    cell = hooks._compute_cell_size(lambda *a: pytest.fail("fell through to SGLang's cell size"), configurator, kvc, 30)
     assert cell == HEADS * 30 * fmt.bytes_per_token_head, f"{name}: cell size {cell}"
     bf16_cell = HEADS * 30 * 2 * DIM * 2
     assert bf16_cell / cell > 1.8, f"{name}: capacity gain x{bf16_cell / cell:.2f} over bf16"
@@ -173,7 +176,7 @@ def fake_configurator(**overrides):
          "supports full-attention models and linear-attention hybrids .*sliding-window attention layers"),
         ({"mambaish_config": object(), "model_config": SimpleNamespace(
             head_dim=256, v_head_dim=256, model_path="m", hf_text_config=SimpleNamespace(indexer_n_heads=4))},
-         ("triton", "triton"), "hybrids with dense full attention; m's full-attention layers use a QSA sparse indexer"),
+         ("triton", "triton"), "serves QSA sparse-attention hybrids \\(m\\) on the CPU platform only"),
         ({}, ("flashinfer", "flashinfer"), "backend 'flashinfer' cannot read this format; supported: triton, torch_native"),
         ({"enable_hierarchical_cache": True, "hicache_mem_layout": "page_head"}, ("triton", "triton"),
          "--hicache-mem-layout 'page_head' is not supported; use one of layer_first, page_first, page_first_direct"),
@@ -183,13 +186,20 @@ def fake_configurator(**overrides):
 )  # fmt: skip
 def test_startup_refusals_name_what_is_supported(overrides, backends, message, monkeypatch):
     monkeypatch.setattr(compat, "attention_backends", lambda: backends)
+    monkeypatch.setattr(platform, "cpu_platform_active", lambda: False)  # a GPU server
     monkeypatch.setattr(compat, "get_parallel", lambda: SimpleNamespace(attn_dcp_size=1))
     with pytest.raises(ValueError, match=message):
         support.check_supported(fake_configurator(**overrides))
 
 
-@pytest.mark.parametrize("overrides", [{}, {"enable_hierarchical_cache": True}, {"mambaish_config": object()}])
+QSA_HYBRID = {"mambaish_config": object(), "model_config": SimpleNamespace(
+    head_dim=64, v_head_dim=64, model_path="m", hf_text_config=SimpleNamespace(indexer_n_heads=4))}
+
+
+@pytest.mark.parametrize("overrides", [{}, {"enable_hierarchical_cache": True}, {"mambaish_config": object()},
+                                       QSA_HYBRID])  # the QSA hybrid on the CPU platform
 def test_supported_setup_passes(monkeypatch, overrides):
+    monkeypatch.setattr(platform, "cpu_platform_active", lambda: True)
     monkeypatch.setattr(compat, "attention_backends", lambda: ("torch_native", "torch_native"))
     monkeypatch.setattr(compat, "get_parallel", lambda: SimpleNamespace(attn_dcp_size=1))
     assert support.check_supported(fake_configurator(**overrides)).name == "octave_k3v4"

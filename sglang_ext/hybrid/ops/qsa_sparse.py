@@ -8,6 +8,10 @@ same values, with the rows batched (the attention in row chunks of bounded memor
     sparse_gqa_attention(q, k_cache, v_cache, token_slots, softmax_scale)
                                                               stands in for qsa.kernel.qsa_sparse_attention
 
+The attention reads the full-attention K/V the pool hands it (`get_key_buffer` / `get_value_buffer`): dense
+tensors, or, for a compressed KV format, one `QuantizedKVPlanes` for both (hybrid/qsa.py), whose selected rows
+are gathered and dequantized here, never the whole layer.
+
 One step has no CPU path in SGLang at all (a Triton kernel on every device):
 
     gather_compressed_keys(compressed, token_slot_table, cu_blocks, total_blocks, max_blocks, compress_ratio)
@@ -17,6 +21,8 @@ One step has no CPU path in SGLang at all (a Triton kernel on every device):
 from __future__ import annotations
 
 import torch
+
+from sglang_ext.kvformats.base import KVFormat
 
 # Bytes of gathered keys + values (compute dtype) per attention chunk.
 _CHUNK_BYTES = 64 << 20
@@ -48,15 +54,40 @@ def ragged_topk(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.
     return out
 
 
-def sparse_gqa_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, token_slots: torch.Tensor,
+class QuantizedKVPlanes:
+    """One layer's K/V stored in a compressed KV format: the format and its planes {name: [slots, kv_heads, *tail]}.
+
+    Stands where a dense [slots, kv_heads, head_dim] K or V buffer would: `gather(slots)` dequantizes only the
+    rows a batch selected, K and V together.
+    """
+
+    def __init__(self, kv_format: KVFormat, planes: dict[str, torch.Tensor]):
+        self.kv_format = kv_format
+        self.planes = planes
+        first = next(iter(planes.values()))
+        self.shape = (first.shape[0], first.shape[1], kv_format.head_dim)  # what a dense buffer's shape would be
+        self.ndim = 3
+
+    def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """slots [*S] (valid indices) -> (k, v) float32 [*S, kv_heads, head_dim], unrotated."""
+        flat = slots.reshape(-1)
+        k, v = self.kv_format.dequantize({name: plane[flat] for name, plane in self.planes.items()})
+        return k.reshape(*slots.shape, *k.shape[1:]), v.reshape(*slots.shape, *v.shape[1:])
+
+
+def sparse_gqa_attention(q: torch.Tensor, k_cache, v_cache, token_slots: torch.Tensor,
                          softmax_scale: float | None = None) -> torch.Tensor:
     """Softmax attention of each query row over the KV slots it selected.
 
     q: [rows, q_heads, head_dim]; k_cache, v_cache: [slots, kv_heads, head_dim] (query head h reads kv head
-    h // (q_heads // kv_heads)); token_slots: [rows, selected] physical slot indices, -1 = none.
+    h // (q_heads // kv_heads)), or a layer's `QuantizedKVPlanes` passed as both (the selected rows are dequantized);
+    token_slots: [rows, selected] physical slot indices, -1 = none.
     Returns [rows, q_heads, head_dim] in q's dtype; a row that selected nothing gets zeros. Arithmetic in float32
     (float64 for float64 inputs); scale `softmax_scale or head_dim ** -0.5`.
     """
+    quantized = isinstance(k_cache, QuantizedKVPlanes)
+    if quantized != isinstance(v_cache, QuantizedKVPlanes) or (quantized and v_cache.planes is not k_cache.planes):
+        raise ValueError("a compressed KV layer reads K and V from one layer's QuantizedKVPlanes, passed as both caches")
     if q.ndim != 3 or k_cache.ndim != 3 or v_cache.ndim != 3:
         raise ValueError("q, k_cache and v_cache must be rank-3 tensors")
     if token_slots.ndim != 2 or token_slots.shape[0] != q.shape[0]:
@@ -74,8 +105,12 @@ def sparse_gqa_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     for start in range(0, rows, step):
         slots = token_slots[start:start + step].long()  # [r, width]
         valid = slots >= 0
-        keys = k_cache[slots.clamp_min(0)].to(compute)  # [r, width, kv_heads, head_dim]
-        values = v_cache[slots.clamp_min(0)].to(compute)
+        if quantized:
+            keys, values = k_cache.gather(slots.clamp_min(0))
+            keys, values = keys.to(compute), values.to(compute)
+        else:
+            keys = k_cache[slots.clamp_min(0)].to(compute)  # [r, width, kv_heads, head_dim]
+            values = v_cache[slots.clamp_min(0)].to(compute)
         queries = q[start:start + step].to(compute).reshape(-1, kv_heads, group, head_dim)
         scores = torch.einsum("rhgd,rkhd->rhgk", queries, keys) * scale
         scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
