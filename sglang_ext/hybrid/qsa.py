@@ -15,7 +15,10 @@ compressed index keys) stay SGLang's. The only readers of the full-attention K/V
 CPU paths, `qsa_sparse_attention(q, pool.get_key_buffer(l), pool.get_value_buffer(l), slots, scale)`; for a
 compressed sub-pool both reads return the layer's planes (`QuantizedKVPlanes`) and the torch op dequantizes the
 rows each query selected. SGLang's CUDA paths (Triton / TRT-LLM sparse kernels) read dense K/V and are not
-covered: support.py refuses the combination off the CPU platform.
+covered: support.py refuses the combination off the CPU platform. A GPU path would need format-aware versions of
+the decode/verify gather (`qwen_sparse_kv_extraction_compact_triton`: selected slots -> packed K/V in the model
+dtype) and of the prefix-extend pack (`pack_qsa_prefill_kv`), and the no-prefix extend to read the stored bytes
+instead of the fresh K/V, so that every reader sees the format's values.
 """
 
 from sglang_ext import compat
