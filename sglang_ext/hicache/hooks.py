@@ -61,6 +61,17 @@ def storage_namespace(pool) -> str | None:
     return dense_namespace(pool)
 
 
+def shard_suffix(storage_config) -> str:
+    """The rank's part of the storage namespace under tensor / pipeline parallelism ("" in one process): each
+    rank stores its own KV heads (TP) or layers (PP) under the same SGLang page keys, and only some backends add
+    the rank to their keys (the file backend does, in its file names). With the rank in the namespace, a page
+    has another key on every rank whatever the backend, and a page another rank wrote fails its checksum."""
+    tp, pp = storage_config.tp_size, storage_config.pp_size
+    if tp == 1 and pp == 1:
+        return ""
+    return f"-tp{storage_config.tp_rank}of{tp}-pp{storage_config.pp_rank}of{pp}"
+
+
 def hashed_model_name(model_name: str | None) -> str:
     """The model name as backends see it: a digest, so no file name or key carries the user's path."""
     return "m" + hashlib.blake2b((model_name or "").encode(), digest_size=10).hexdigest()
@@ -100,6 +111,8 @@ def _create_backend(original, cls, backend_name, storage_config, mem_pool_host, 
     pool, pools_sharing_keys = compat.anchor_host_pool(mem_pool_host)
     compressed = getattr(pool, "sglang_ext_host_pool", False)
     namespace = storage_namespace(pool)
+    if namespace is not None:
+        namespace += shard_suffix(storage_config)
     if is_zero_copy_backend(backend_name, storage_config) or pools_sharing_keys != 1 or namespace is None:
         if compressed:
             raise ValueError(
