@@ -36,7 +36,8 @@ PLE_LAYER_IDS = [1, 3]  # 1-based, GDN layers 0 and 2
 FLAGS = ["--dtype", "float32", "--max-total-tokens", "2048", "--disable-radix-cache", "--disable-overlap-schedule",
          "--max-mamba-cache-size", "16", "--mem-fraction-static", "0.95"]
 ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
-TABLE_LINE = re.compile(r"\[[^\]]*?(?: TP(\d+))?(?: PP(\d+))?\] PLE: model\.layers\.(\d+)\.ple\.ple_embedding served from")
+# "[<time> PP1 TP0] PLE: model.layers.2.ple.ple_embedding served from ...": the rank prefix, then the layer
+TABLE_LINE = re.compile(r"\[([^\]]*)\] PLE: model\.layers\.(\d+)\.ple\.ple_embedding served from")
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +107,11 @@ def _assert_equals_reference(replies, prompts, model, what, record_property):
     record_property("max_logprob_gap", worst)
 
 
+def _rank(prefix: str, kind: str) -> int:
+    match = re.search(rf"\b{kind}(\d+)\b", prefix)
+    return int(match.group(1)) if match else 0
+
+
 def test_pp3_auto_ssd_table_equals_transformers(checkpoint, prompts, reference, record_property):
     replies, info, log = _serve(checkpoint, prompts, ["--pp-size", "3", "--pp-layer-partition", "auto",
                                                       "--ple-offload-backend", "ssd"], 3, "qwen4_exp-pp3-ssd")
@@ -116,7 +122,7 @@ def test_pp3_auto_ssd_table_equals_transformers(checkpoint, prompts, reference, 
     stage_of = {layer - 1: next(s for s, (a, b) in enumerate(ranges) if a <= layer - 1 < b) for layer in PLE_LAYER_IDS}
     record_property("partition", match.group(1))
     assert len(set(stage_of.values())) > 1, f"split {match.group(1)} puts every PLE layer on one stage"
-    opened = {(int(pp or 0), int(layer)) for _, pp, layer in TABLE_LINE.findall(log)}
+    opened = {(_rank(prefix, "PP"), int(layer)) for prefix, layer in TABLE_LINE.findall(log)}
     assert opened == {(stage, layer) for layer, stage in stage_of.items()}, (
         f"(stage, PLE layer) tables opened from SSD: {sorted(opened)}; split {match.group(1)}")
     _assert_equals_reference(replies, prompts, reference, "pp 3 ssd", record_property)
