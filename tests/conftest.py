@@ -53,17 +53,23 @@ SLOW_FILES = {
     "tests/kernels/test_attention.py": 981,
     "tests/spec/test_spec_serving.py": 700,  # 8 servers; 673 s at load average 3-7
     "tests/kvcache/test_kvcache_serving.py": 559,
+    "tests/test_tensor_parallel_formats.py": 486,  # 4 servers (TP=1 and TP=3, int8 / octave_k3v4); load 10-17
     "tests/hicache/test_hicache_serving.py": 414,
     "tests/kvcache/test_same_output_serving.py": 400,
     "tests/hybrid/test_hybrid_sessions.py": 370,  # one server; 327 s of it start-up at load average 15-20
     "tests/platform/test_bundle.py": 340,  # a cold bundle build, the tokenizer lookups and one server from the bundle
+    "tests/hybrid/test_qwen4_exp_parallel.py": 310,  # 2 servers (PP=3 auto + SSD table, TP=2); load 8-10
+    "tests/hybrid/test_hybrid_extra_buffer.py": 300,  # 2 servers (Qwen3.5, qwen4_exp); 175-328 s at load 7-12
     "tests/hybrid/test_qwen4_exp_serving.py": 300,  # 2 servers (RAM table; SSD table + NEXTN); 165 s at load 3-8
     "tests/pp/test_pp_e2e.py": 300,  # 4 servers; 279 s alone
     "tests/kernels/test_store_dequant.py": 299,
+    "tests/hybrid/test_hybrid_mtp_tp.py": 286,  # 2 TP=2 servers (plain, NEXTN); load 7-9
     "tests/hybrid/test_hybrid_mtp.py": 274,  # 3 servers (plain, NEXTN chain + host tier + retention, tree); load 8-9
+    "tests/hicache/test_hicache_tp.py": 264,  # TP=2 host tier + storage + restart; load 5-9
     "tests/sessions/test_agent_sessions.py": 264,
     "tests/tools/test_native_loop.py": 250,
     "tests/moe/test_paged_tp.py": 250,  # one tp-2 server; 187-392 s by load
+    "tests/hybrid/test_qwen4_exp_kv_formats.py": 220,  # 2 servers (int8, octave_k3v4); 3 took 264-338 s at load 7-10
     "tests/moe/test_paged_serving.py": 216,  # 3 servers (K=2/4/8)
     "tests/moe/test_paged_pp.py": 165,  # one pp-2 server; load ~8
     "tests/moe/test_paged_nextn.py": 144,  # one NEXTN server; load ~10

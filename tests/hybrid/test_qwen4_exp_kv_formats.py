@@ -89,7 +89,13 @@ def text_config(checkpoint):
     return json.loads(open(f"{checkpoint}/config.json").read())["text_config"]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])
+# Servers for int8 and octave_k3v4 (the formats of the two deployments); octave_k3v3 takes the same code path (its
+# planes differ only in the V code width) and was served by hand with the gaps above; the server-less op test below
+# covers all three.
+SERVED = CASES[:2]
+
+
+@pytest.fixture(scope="module", params=SERVED, ids=[c[0] for c in SERVED])
 def kv_server(request, checkpoint, text_config):
     name, tol = request.param
     proc = ServerProcess(checkpoint, [*FLAGS, "--kv-cache-dtype", name], env=ENV, name=f"qwen4-{name}").start()
