@@ -268,6 +268,17 @@ QSA_POOL_KV_READS = (
     "sglang.srt.mem_cache.qsa_kv_pool.QSATokenToKVPool.get_key_buffer",
     "sglang.srt.mem_cache.qsa_kv_pool.QSATokenToKVPool.get_value_buffer",
 )
+# Off the CPU platform, with a compressed (int8) pool, the same reads give the planes to SGLang's GPU sparse path,
+# whose readers of the full-attention K/V are these two packers (selected slots / whole contexts -> model-dtype
+# buffers), replaced (REPLACE; the backend holds `from X import Y` copies) by format-aware ones, and the extend
+# without a cached prefix, which reads the fresh K/V: QSA_BACKEND_FORWARD_EXTEND (AROUND) hands it the stored
+# values instead (hybrid/qsa.py).
+QSA_GPU_KV_PACKERS = {
+    "qwen_sparse_kv_extraction_compact_triton":
+        "sglang.srt.layers.attention.qsa.sparse_attn.qwen_sparse_kv_extraction_compact_triton",
+    "pack_qsa_prefill_kv": "sglang.srt.layers.attention.qsa.sparse_attn.pack_qsa_prefill_kv",
+}
+QSA_BACKEND_FORWARD_EXTEND = "sglang.srt.layers.attention.qwen_sparse_attn_backend.QwenSparseAttnBackend.forward_extend"
 # DefaultPoolConfigurator's per-token bytes of the QSA index caches, added to a compressed format's cell size.
 POOL_QSA_CELL_SIZE = "_compute_qsa_cell_size"
 # --- speculative decoding on the portable CPU platform (sglang_ext/spec/) ----------------------------------
@@ -382,6 +393,12 @@ HOOKED_SIGNATURES = {
     f"{QSA_INDEXER_FORWARD_NATIVE.rpartition('.')[0]}.{QSA_INDEXER_FORWARD_IMPL}": (
         "(self, hidden_states, positions, forward_batch, indexer_metadata, cp_global_rope_positions=None)"),
     **{target: "(self, layer_id, scale=None)" for target in QSA_POOL_KV_READS},
+    QSA_GPU_KV_PACKERS["qwen_sparse_kv_extraction_compact_triton"]: (
+        "(k, v, req_to_token, req_indices, indices, seq_lens, cu_k, out_k, out_v, batch, topk, zero_fill_cols=0)"),
+    QSA_GPU_KV_PACKERS["pack_qsa_prefill_kv"]: (
+        "(*, k, v, req_to_token, req_indices, cu_k, total_k, max_k, output_dtype=None)"),
+    QSA_BACKEND_FORWARD_EXTEND: (
+        "(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs)"),
     f"{HOOK_POOL_CELL_SIZE.rpartition('.')[0]}.{POOL_QSA_CELL_SIZE}": "(*, hf_config, num_layers)",
     # HiCache (platform/host_pool.py, hicache/hooks.py)
     HOOK_GET_MHA_HOST_POOL_CLS: "(buffer_info)",

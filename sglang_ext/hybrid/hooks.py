@@ -1,9 +1,10 @@
-"""Installs the torch GDN ops (`sglang_ext.hybrid.ops`) into SGLang on the portable CPU platform.
+"""Installs the torch GDN ops (`sglang_ext.hybrid.ops`) into SGLang on the portable CPU platform; elsewhere only the
+QSA K/V packers for compressed KV (`register_gpu`).
 
 Every Triton kernel SGLang's Gated DeltaNet path calls there (`compat.GDN_KERNEL_TARGETS`) is replaced through
-HookRegistry (REPLACE), which also rebinds the `from X import Y` copies its importers hold. On a GPU nothing is
-installed: SGLang's own kernels run. `hook_check` verifies after start-up that every target was applied, so a
-server never runs a hybrid model half on Triton-on-CPU.
+HookRegistry (REPLACE), which also rebinds the `from X import Y` copies its importers hold. On a GPU nothing of the
+GDN path is installed: SGLang's own kernels run. `hook_check` verifies after start-up that every target was
+applied, so a server never runs a hybrid model half on Triton-on-CPU.
 """
 
 from sglang_ext import compat, hook_chain
@@ -20,7 +21,13 @@ from sglang_ext.hybrid.ops import (
 )
 from sglang_ext.hybrid.ops.errors import UnsupportedGdnOption
 from sglang_ext.hybrid.ops.qsa_sparse import gather_compressed_keys, ragged_topk, sparse_gqa_attention
-from sglang_ext.hybrid.qsa import qsa_indexer_forward_native, qsa_pool_kv_read
+from sglang_ext.hybrid.qsa import (
+    qsa_forward_extend,
+    qsa_indexer_forward_native,
+    qsa_kv_extraction,
+    qsa_pack_prefill_kv,
+    qsa_pool_kv_read,
+)
 from sglang_ext.platform import cpu_platform_active
 
 _registered = False
@@ -60,11 +67,26 @@ QSA_TORCH_OPS = {"gather_qsa_compressed_keys": gather_compressed_keys, "qsa_fast
                  "qsa_sparse_attention": sparse_gqa_attention}
 
 
+def register_gpu() -> list[str]:
+    """Off the CPU platform: qwen4_exp's QSA sparse attention reads a compressed (int8) pool through format-aware
+    K/V packers (hybrid/qsa.py); each hook passes dense pools through to SGLang unchanged."""
+    for target in compat.QSA_POOL_KV_READS:
+        hook_chain.register(target, qsa_pool_kv_read, compat.HookType.AROUND)
+    hook_chain.register(compat.QSA_GPU_KV_PACKERS["qwen_sparse_kv_extraction_compact_triton"], qsa_kv_extraction,
+                        compat.HookType.AROUND)
+    hook_chain.register(compat.QSA_GPU_KV_PACKERS["pack_qsa_prefill_kv"], qsa_pack_prefill_kv,
+                        compat.HookType.AROUND)
+    hook_chain.register(compat.QSA_BACKEND_FORWARD_EXTEND, qsa_forward_extend, compat.HookType.AROUND)
+    return ["qwen4_exp QSA K/V packers for compressed KV (gpu)"]
+
+
 def register() -> list[str]:
     global _registered
-    if _registered or not cpu_platform_active():
+    if _registered:
         return []
     _registered = True
+    if not cpu_platform_active():
+        return register_gpu()
     missing = set(compat.GDN_KERNEL_TARGETS) ^ set(TORCH_OPS)
     if missing:
         raise RuntimeError(f"sglang_ext.hybrid: targets and torch ops differ: {sorted(missing)}")

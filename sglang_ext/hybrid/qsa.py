@@ -14,12 +14,22 @@ holds the full-attention K/V in sglang-ext's compressed sub-pool; the indexer's 
 compressed index keys) stay SGLang's. The only readers of the full-attention K/V are the sparse attention's two
 CPU paths, `qsa_sparse_attention(q, pool.get_key_buffer(l), pool.get_value_buffer(l), slots, scale)`; for a
 compressed sub-pool both reads return the layer's planes (`QuantizedKVPlanes`) and the torch op dequantizes the
-rows each query selected. SGLang's CUDA paths (Triton / TRT-LLM sparse kernels) read dense K/V and are not
-covered: support.py refuses the combination off the CPU platform. A GPU path would need format-aware versions of
-the decode/verify gather (`qwen_sparse_kv_extraction_compact_triton`: selected slots -> packed K/V in the model
-dtype) and of the prefix-extend pack (`pack_qsa_prefill_kv`), and the no-prefix extend to read the stored bytes
-instead of the fresh K/V, so that every reader sees the format's values.
+rows each query selected.
+
+Off the CPU platform (int8 only; support.py refuses the rest) the same reads hand SGLang's GPU path the planes, and
+its three readers of the full-attention K/V see the stored values:
+
+- decode / verify: `qwen_sparse_kv_extraction_compact_triton` (selected slots -> packed K/V in the query dtype,
+  compact or page-strided, inside CUDA graphs) becomes kernels/qsa_gather.py's `gather_selected_kv`;
+- extend with a cached prefix: `pack_qsa_prefill_kv` (every context token -> packed K/V) becomes `pack_prefill_kv`;
+- extend without one reads the fresh K/V: `QwenSparseAttnBackend.forward_extend` (AROUND) stores them first and
+  passes the stored values, dequantized, in their place (with save_kv_cache=False: already stored).
+
+Prefill context parallelism is refused there too. Octave formats keep K/V in a rotated basis, which SGLang's
+kernels (plain q) cannot consume from these packers; they stay on the CPU platform.
 """
+
+import torch
 
 from sglang_ext import compat
 from sglang_ext.hybrid.ops.qsa_sparse import QuantizedKVPlanes
@@ -45,3 +55,81 @@ def qsa_pool_kv_read(original, self, layer_id, *args, **kwargs):
     if pool is None:
         return original(self, layer_id, *args, **kwargs)
     return QuantizedKVPlanes(pool.kv_format, pool.layer_planes(layer_id))
+
+
+def _planes_pair(k, v):
+    if isinstance(k, QuantizedKVPlanes) or isinstance(v, QuantizedKVPlanes):
+        if not (isinstance(k, QuantizedKVPlanes) and isinstance(v, QuantizedKVPlanes) and k.planes is v.planes):
+            raise ValueError("a compressed KV layer reads K and V from one layer's QuantizedKVPlanes, passed as both")
+        return k
+    return None
+
+
+def qsa_kv_extraction(original, k, v, req_to_token, req_indices, indices, seq_lens, cu_k, out_k, out_v, batch, topk,
+                      zero_fill_cols=0):
+    """AROUND `qwen_sparse_kv_extraction_compact_triton` (GPU): a compressed layer's planes are gathered and
+    dequantized by `gather_selected_kv` (same contract); dense K/V go to SGLang's kernel."""
+    layer = _planes_pair(k, v)
+    if layer is None:
+        return original(k, v, req_to_token, req_indices, indices, seq_lens, cu_k, out_k, out_v, batch, topk,
+                        zero_fill_cols=zero_fill_cols)
+    from sglang_ext.kernels.qsa_gather import gather_selected_kv
+
+    return gather_selected_kv(layer.kv_format, layer.planes, req_to_token, req_indices, indices, seq_lens, cu_k,
+                              out_k, out_v, batch, topk, zero_fill_cols=zero_fill_cols)
+
+
+def qsa_pack_prefill_kv(original, *, k, v, req_to_token, req_indices, cu_k, total_k, max_k, output_dtype=None):
+    """AROUND `pack_qsa_prefill_kv` (GPU): a compressed layer's contexts are dequantized by `pack_prefill_kv`
+    into `output_dtype` (SGLang passes the query dtype); dense K/V go to SGLang's kernel."""
+    layer = _planes_pair(k, v)
+    if layer is None:
+        return original(k=k, v=v, req_to_token=req_to_token, req_indices=req_indices, cu_k=cu_k, total_k=total_k,
+                        max_k=max_k, output_dtype=output_dtype)
+    if output_dtype is None:
+        raise ValueError("pack_qsa_prefill_kv on a compressed KV layer needs output_dtype (the query dtype)")
+    from sglang_ext.kernels.qsa_gather import pack_prefill_kv
+
+    return pack_prefill_kv(layer.kv_format, layer.planes, req_to_token, req_indices, cu_k, total_k, output_dtype)
+
+
+def stored_kv(pool, layer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """The K / V just stored at `loc` (one row per entry; rows of k / v past loc's length, DP padding, are kept),
+    dequantized into k's / v's shape and dtype."""
+    from sglang_ext.kernels.decode import LUT_SELECT
+    from sglang_ext.kernels.dequant import dequantize_rotated
+    from sglang_ext.kernels.qsa_gather import check_gather_format
+
+    fmt = pool.kv_format
+    check_gather_format(fmt)
+    heads = layer.tp_k_head_num
+    k3 = k.reshape(-1, heads, fmt.head_dim)
+    v3 = v.reshape(-1, heads, fmt.head_dim)
+    k_out = torch.empty(k3.shape, dtype=k.dtype, device=k.device)
+    v_out = torch.empty(v3.shape, dtype=v.dtype, device=v.device)
+    n = loc.numel()
+    if k3.shape[0] < n or v3.shape[0] < n:
+        raise ValueError(f"{n} cache locations for {k3.shape[0]} new K rows")
+    if k3.shape[0] > n:
+        k_out[n:], v_out[n:] = k3[n:], v3[n:]
+    dequantize_rotated(fmt, pool.layer_planes(layer.layer_id), loc, k_out[:n], v_out[:n], lut=LUT_SELECT)
+    return k_out.view(k.shape), v_out.view(v.shape)
+
+
+def qsa_forward_extend(original, self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None,
+                       **kwargs):
+    """AROUND `QwenSparseAttnBackend.forward_extend` (GPU): with a compressed pool the new K/V are stored here and
+    SGLang's extend gets their stored values (the no-prefix path attends over the K/V it is given, not the pool)."""
+    from sglang_ext.kvcache.hybrid_pool import compressed_pool_of
+
+    pool = compressed_pool_of(self.token_to_kv_pool)
+    if pool is None or not save_kv_cache or k is None or v is None or not q.is_cuda:
+        return original(self, q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache,
+                        topk_indices=topk_indices, **kwargs)
+    if getattr(forward_batch, "attn_cp_metadata", None) is not None:
+        raise NotImplementedError(f"--kv-cache-dtype {pool.kv_format.name}: qwen4_exp's prefill context "
+                                  "parallelism reads dense K/V; serve it without context parallelism")
+    loc = forward_batch.out_cache_loc
+    self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)
+    k, v = stored_kv(pool, layer, loc, k, v)
+    return original(self, q, k, v, layer, forward_batch, save_kv_cache=False, topk_indices=topk_indices, **kwargs)

@@ -36,6 +36,36 @@ class PerTarget:
     values: dict
 
 
+def _qsa_gather_variants():
+    """qwen4_exp's QSA decode / verify gather over an int8 layer (qsa_gather.py): bf16 buffers (SGLang's packed
+    scratch in the query dtype), compact and page-strided with zero fill, at head_dim 128 and 256."""
+    from . import decode, dequant, qsa_gather
+
+    i32 = "i32"
+    out = []
+    for d in (128, 256):
+        for zero_fill in (False, True):
+            args = {"k_codes": "*i8", "k_scales": "*fp32", "v_codes": "*i8", "v_scales": "*fp32",
+                    "req_to_token": "*i32", "req_indices": "*i64", "indices": "*i32", "seq_lens": "*i32",
+                    "cu_k": "*i32", "out_k": "*bf16", "out_v": "*bf16"}
+            args.update({s: i32 for s in (
+                "topk", "pad_cols", "req_stride", "idx_stride", "stride_kc_slot", "stride_kc_head", "stride_ks_slot",
+                "stride_ks_head", "stride_vc_slot", "stride_vc_head", "stride_vs_slot", "stride_vs_head",
+                "stride_ok_n", "stride_ok_h", "stride_ov_n", "stride_ov_h")})
+            args.update({"FMT": C(1), "K_N4": C(0), "V_N4": C(0), "NB": C(d // 64),
+                         "BLOCK_N": C(qsa_gather.GATHER_BLOCK_N), "LUT": C(decode.LUT_SELECT),
+                         "ZERO_FILL": C(zero_fill)})
+            out.append((f"qsa_gather selected int8 d{d}" + (" zero_fill" if zero_fill else ""),
+                        qsa_gather._gather_selected_kernel, args, {}))
+        # the prefix-extend pack: dequant.py's kernel into bf16 buffers at int64 slots, no device-side limit
+        out.append((f"qsa_gather prefill int8 d{d}", dequant._dequant_kernel, {
+            "codes": "*i8", "scales": "*fp32", "loc_ptr": "*i64", "out_ptr": "*bf16", "num_tokens": i32,
+            "limit_ptr": "*i64", "head_base": i32, "stride_c_slot": i32, "stride_c_head": i32, "stride_s_slot": i32,
+            "stride_s_head": i32, "stride_o_n": i32, "stride_o_h": i32, "FMT": C(1), "N4": C(0), "NB": C(d // 64),
+            "BLOCK_N": C(dequant.ROTATED_BLOCK_N), "LUT": C(decode.LUT_SELECT), "LIMIT_FROM_PTR": C(False)}, {}))
+    return out
+
+
 def _variants():
     """(label, jit function, {arg name: type string or C(value)}, compile options) for every kernel variant, with
     the options the launchers use."""
@@ -116,6 +146,7 @@ def _variants():
                 out.append((f"dequant rotated {tag}", dequant._dequant_kernel, {
                     **dq, "loc_ptr": "*i64", "limit_ptr": pi32, "out_ptr": pb16,
                     "BLOCK_N": C(dequant.ROTATED_BLOCK_N), "LUT": C(ptx), "LIMIT_FROM_PTR": C(True)}, {}))
+    out.extend(_qsa_gather_variants())
     out.extend(_mma_variants())
     out.extend(_spec_variants())
     out.extend(_host_transfer_variants())

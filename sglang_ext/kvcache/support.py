@@ -24,6 +24,9 @@ _UNSUPPORTED_FLAGS: tuple[tuple[str, object, str], ...] = (
     ("prefill_only_disable_kv_cache", False, "--prefill-only-disable-kv-cache"),
 )
 
+# Formats whose QSA sparse attention (qwen4_exp) runs off the CPU platform (hybrid/qsa.py, kernels/qsa_gather.py).
+QSA_GPU_FORMATS = ("int8",)
+
 
 def kv_format_for(kvc) -> KVFormat:
     """The format object for a KVCacheConfigurator whose kv_cache_dtype_str is an sglang-ext format."""
@@ -56,13 +59,21 @@ def check_supported(kvc) -> KVFormat:
     if kvc.mambaish_config is not None and getattr(kvc.model_config.hf_text_config, "indexer_n_heads", None):
         from sglang_ext.platform import cpu_platform_active
 
-        # The CPU platform's sparse attention dequantizes the rows it selects (hybrid/qsa.py); SGLang's CUDA
-        # sparse kernels read dense K/V.
+        # The CPU platform's sparse attention dequantizes the rows it selects (hybrid/qsa.py); on a GPU,
+        # format-aware packers hand SGLang's sparse kernels plain model-dtype K/V: int8 only (octave's K/V are
+        # stored in a rotated basis), without prefill context parallelism.
         if not cpu_platform_active():
-            raise ValueError(
-                f"{flag} serves QSA sparse-attention hybrids ({model}) on the CPU platform only: SGLang's GPU "
-                "sparse-attention kernels read dense K/V (use --kv-cache-dtype auto)"
-            )
+            if name not in QSA_GPU_FORMATS:
+                raise ValueError(
+                    f"{flag} serves QSA sparse-attention hybrids ({model}) on the CPU platform only; on a GPU use "
+                    f"--kv-cache-dtype {' or '.join(QSA_GPU_FORMATS)} (or auto)"
+                )
+            parallel = compat.get_parallel()
+            if getattr(parallel, "enable_prefill_cp", False) and getattr(parallel, "attn_cp_size", 1) > 1:
+                raise ValueError(
+                    f"{flag} does not support prefill context parallelism for QSA sparse-attention hybrids "
+                    f"({model}) yet; run without it or with --kv-cache-dtype auto"
+                )
     prefill, decode = compat.attention_backends()
     for phase, backend in (("prefill", prefill), ("decode", decode)):
         if backend is not None and backend not in SUPPORTED_ATTENTION_BACKENDS:

@@ -67,6 +67,8 @@ class QuantizedKVPlanes:
         first = next(iter(planes.values()))
         self.shape = (first.shape[0], first.shape[1], kv_format.head_dim)  # what a dense buffer's shape would be
         self.ndim = 3
+        self.device = first.device
+        self.dtype = first.dtype  # the stored codes' (SGLang's GPU path compares it with fp8 to pick its scratch)
 
     def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """slots [*S] (valid indices) -> (k, v) float32 [*S, kv_heads, head_dim], unrotated."""
