@@ -54,10 +54,6 @@ def _ask(server, ids, new_tokens=NEW_TOKENS):
     return reply.json()["output_ids"], meta["cached_tokens"], meta.get("cached_tokens_details")
 
 
-def _flush(server):
-    requests.post(f"{server.url}/flush_cache", timeout=60).raise_for_status()
-
-
 def _push_out(server, tokens: int) -> list[list[int]]:
     """One-off prompts of `tokens` tokens in all, each newer than everything before it."""
     prompts = [[1] + _tokens(ONE_OFF_TOKENS - 1) for _ in range(tokens // ONE_OFF_TOKENS)]
@@ -68,10 +64,10 @@ def _push_out(server, tokens: int) -> list[list[int]]:
 
 def test_radix_hit_equals_cold(server):
     prefix, suffix = [1] + _tokens(99), _tokens(30)
-    _flush(server)
+    server.flush_cache()
     cold, cached, _ = _ask(server, prefix + suffix)
     assert cached == 0
-    _flush(server)
+    server.flush_cache()
     _ask(server, prefix)
     hit, cached, _ = _ask(server, prefix + suffix)
     assert cached == len(prefix), "the prefix's recurrent state was not found at its boundary"
@@ -81,13 +77,13 @@ def test_radix_hit_equals_cold(server):
 def test_second_turn_prefills_only_new_tokens(server):
     """An agent turn sends the previous prompt, the answer as returned and a new message: all of the previous
     turn but its last generated token (whose KV and state were never computed) comes from the cache."""
-    _flush(server)
+    server.flush_cache()
     prompt = [1] + _tokens(119)
     answer, _, _ = _ask(server, prompt)
     turn2 = prompt + answer + _tokens(25)
     second, cached, _ = _ask(server, turn2)
     assert cached == len(prompt) + len(answer) - 1
-    _flush(server)
+    server.flush_cache()
     cold, cached, _ = _ask(server, turn2)
     assert cached == 0 and second == cold
 
@@ -96,13 +92,13 @@ def test_host_tier_round_trip_equals_device_hit(server):
     """A session pushed out of the device comes back from host RAM (KV pages and recurrent state) and answers
     as the device hit and the cold request did."""
     prompt = [1] + _tokens(99)
-    _flush(server)
+    server.flush_cache()
     answer, _, _ = _ask(server, prompt)
     turn2 = prompt + answer + _tokens(30)
-    _flush(server)
+    server.flush_cache()
     cold, cached, _ = _ask(server, turn2)
     assert cached == 0
-    _flush(server)
+    server.flush_cache()
     _ask(server, prompt)
     device, cached, details = _ask(server, turn2)
     reusable = len(prompt) + len(answer) - 1
@@ -118,7 +114,7 @@ def test_host_tier_round_trip_equals_device_hit(server):
 def test_retention_keeps_a_session_through_more_than_device_and_host_hold(server):
     """Other prompts of more tokens than device and host hold together go through; without retention (LRU) the
     session, older than all of them, would be evicted from both; with it, its third turn is fully cached."""
-    _flush(server)
+    server.flush_cache()
     prompt = [1] + _tokens(99)
     answer, _, _ = _ask(server, prompt)
     turn2 = prompt + answer + _tokens(30)
