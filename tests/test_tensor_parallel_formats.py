@@ -21,10 +21,12 @@ were near-ties at TP=1. Measured (12 tokens x 4 prompts, tokens equal on all): i
 0.05; octave_k3v4 6e-6 .. 2.5e-2 (8.9e-2 in a 16-token run), DELTA 0.25 (a flipped 3-bit code moves its element
 by tens of int8 steps, so it gets the wider bound).
 
-Formats: int8 and octave_k3v4 (the compressed formats users shard). float32 KV at TP>1 is covered on the hybrid
-model (tests/hybrid/test_hybrid_parallel.py); float32 and octave_k3v3 at TP=3 were run by hand with these rules
-(docs/kv-formats.md) and are left out for CI time: float32 tokens equal, gaps up to 5.1e-6; octave_k3v3 parted on
-one prompt's last token at a near-tie (margin 0.375) with a 0.26 gap there, so it would need DELTA 0.3.
+Formats: octave_k3v4 in CI (the format users shard; int8 meets TP=2 on the hybrid model in
+tests/hybrid/test_hybrid_parallel.py). int8 runs here too with SGLANG_EXT_TEST_TP3_INT8=1 (left out of CI for
+its two server start-ups; measured tokens equal on 4 of 4, gaps 5.0e-3 .. 2.2e-2). float32 KV at TP>1 is covered
+on the hybrid model; float32 and octave_k3v3 at TP=3 were run by hand with these rules (docs/kv-formats.md):
+float32 tokens equal, gaps up to 5.1e-6; octave_k3v3 parted on one prompt's last token at a near-tie (margin
+0.375) with a 0.26 gap there, so it would need DELTA 0.3.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import pytest
 import requests
 from server import ServerProcess
 
-FORMATS = ("int8", "octave_k3v4")
+FORMATS = ("int8", "octave_k3v4") if os.environ.get("SGLANG_EXT_TEST_TP3_INT8") == "1" else ("octave_k3v4",)
 # Log-probability tolerance per format (see the module docstring for why these values).
 DELTA = {"int8": 0.05, "octave_k3v4": 0.25}
 PROMPTS = (
