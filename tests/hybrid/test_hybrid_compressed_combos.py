@@ -9,7 +9,7 @@ without a server per (format x feature):
 | format      | plain server (torch_native)    | NEXTN servers (torch_native)              |
 |-------------|--------------------------------|-------------------------------------------|
 | int8        | session retention              | chain + host tier + session retention     |
-| octave_k3v4 | session retention              | chain + host tier + session retention; tree |
+| octave_k3v4 | session retention              | chain + host tier + session retention     |
 | octave_k3v3 | session retention              | tree + host tier + session retention      |
 
 - NEXTN chain (topk 1) / tree (topk 2) over the format: greedy output token for token equal to the plain server
@@ -43,7 +43,7 @@ DRAFTS = {"chain": (3, 1, 4), "tree": (3, 2, 6)}
 # format: ((draft, with the host tier), ...): every format meets a draft shape and the host tier
 ROTATION = {
     "int8": (("chain", True),),
-    "octave_k3v4": (("chain", True), ("tree", False)),
+    "octave_k3v4": (("chain", True),),
     "octave_k3v3": (("tree", True),),
 }
 
