@@ -15,9 +15,13 @@ Device side, per layer: `temporal_layers[l]` [device_slots, *ssm_state_shape] (p
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from sglang_ext import compat
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_LAYOUTS = ("page_first", "page_first_direct")
 SUPPORTED_IO_BACKENDS = ("direct", "kernel")
@@ -41,6 +45,16 @@ class PortableMambaHostPool(compat.MambaPoolHost):
             )
         kwargs["pin_memory"] = False  # nothing to pin for: the "device" is host RAM
         super().__init__(buffer_info, host_to_device_ratio, host_size, **kwargs)
+        # Under tensor parallelism each rank logs its own pool: its share of the heads in the state shapes.
+        logger.info(
+            "sglang-ext HiCache Mamba host pool: %d slots, %d layers, recurrent state %s %s, conv state %s %s",
+            self.size,
+            self.temporal_buffer.shape[1],
+            tuple(self.temporal_buffer.shape[3:]),
+            self.temporal_dtype,
+            [tuple(b.shape[3:]) for b in self.conv_buffer],
+            self.conv_dtype,
+        )
 
     @staticmethod
     def _copy_tensor_pf_lf(src, dst, src_indices, dst_indices, layer_id, num_layers, io_backend) -> None:
