@@ -16,8 +16,8 @@ CPU paths, `qsa_sparse_attention(q, pool.get_key_buffer(l), pool.get_value_buffe
 compressed sub-pool both reads return the layer's planes (`QuantizedKVPlanes`) and the torch op dequantizes the
 rows each query selected.
 
-Off the CPU platform (int8 only; support.py refuses the rest) the same reads hand SGLang's GPU path the planes, and
-its three readers of the full-attention K/V see the stored values:
+Off the CPU platform (all three formats) the same reads hand SGLang's GPU path the planes, and its three readers of
+the full-attention K/V see the stored values as plain K/V (octave's un-rotated; SGLang's kernels take plain q):
 
 - decode / verify: `qwen_sparse_kv_extraction_compact_triton` (selected slots -> packed K/V in the query dtype,
   compact or page-strided, inside CUDA graphs) becomes kernels/qsa_gather.py's `gather_selected_kv`;
@@ -25,8 +25,7 @@ its three readers of the full-attention K/V see the stored values:
 - extend without one reads the fresh K/V: `QwenSparseAttnBackend.forward_extend` (AROUND) stores them first and
   passes the stored values, dequantized, in their place (with save_kv_cache=False: already stored).
 
-Prefill context parallelism is refused there too. Octave formats keep K/V in a rotated basis, which SGLang's
-kernels (plain q) cannot consume from these packers; they stay on the CPU platform.
+Prefill context parallelism is refused there too.
 """
 
 import torch
@@ -95,13 +94,10 @@ def qsa_pack_prefill_kv(original, *, k, v, req_to_token, req_indices, cu_k, tota
 
 def stored_kv(pool, layer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """The K / V just stored at `loc` (one row per entry; rows of k / v past loc's length, DP padding, are kept),
-    dequantized into k's / v's shape and dtype."""
-    from sglang_ext.kernels.decode import LUT_SELECT
-    from sglang_ext.kernels.dequant import dequantize_rotated
-    from sglang_ext.kernels.qsa_gather import check_gather_format
+    dequantized (octave: un-rotated) into k's / v's shape and dtype."""
+    from sglang_ext.kernels.qsa_gather import dequantize_plain
 
     fmt = pool.kv_format
-    check_gather_format(fmt)
     heads = layer.tp_k_head_num
     k3 = k.reshape(-1, heads, fmt.head_dim)
     v3 = v.reshape(-1, heads, fmt.head_dim)
@@ -112,7 +108,7 @@ def stored_kv(pool, layer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         raise ValueError(f"{n} cache locations for {k3.shape[0]} new K rows")
     if k3.shape[0] > n:
         k_out[n:], v_out[n:] = k3[n:], v3[n:]
-    dequantize_rotated(fmt, pool.layer_planes(layer.layer_id), loc, k_out[:n], v_out[:n], lut=LUT_SELECT)
+    dequantize_plain(fmt, pool.layer_planes(layer.layer_id), loc, k_out[:n], v_out[:n])
     return k_out.view(k.shape), v_out.view(v.shape)
 
 

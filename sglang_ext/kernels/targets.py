@@ -37,32 +37,46 @@ class PerTarget:
 
 
 def _qsa_gather_variants():
-    """qwen4_exp's QSA decode / verify gather over an int8 layer (qsa_gather.py): bf16 buffers (SGLang's packed
-    scratch in the query dtype), compact and page-strided with zero fill, at head_dim 128 and 256."""
+    """qwen4_exp's QSA packers over a compressed layer (qsa_gather.py), per format: the decode / verify gather into
+    bf16 buffers (SGLang's packed scratch in the query dtype), compact and page-strided with zero fill, and the
+    prefix-extend pack (int8: dequant.py's kernel; octave: the un-rotating one), at head_dim 128 (full RoPE) and
+    256 (qwen4_exp: rotary 64), with the launchers' compile options."""
+    from ..kvformats import get_format
     from . import decode, dequant, qsa_gather
 
     i32 = "i32"
+    strides = ("stride_kc_slot", "stride_kc_head", "stride_ks_slot", "stride_ks_head", "stride_vc_slot",
+               "stride_vc_head", "stride_vs_slot", "stride_vs_head", "stride_ok_n", "stride_ok_h", "stride_ov_n",
+               "stride_ov_h")
     out = []
-    for d in (128, 256):
-        for zero_fill in (False, True):
-            args = {"k_codes": "*i8", "k_scales": "*fp32", "v_codes": "*i8", "v_scales": "*fp32",
-                    "req_to_token": "*i32", "req_indices": "*i64", "indices": "*i32", "seq_lens": "*i32",
-                    "cu_k": "*i32", "out_k": "*bf16", "out_v": "*bf16"}
-            args.update({s: i32 for s in (
-                "topk", "pad_cols", "req_stride", "idx_stride", "stride_kc_slot", "stride_kc_head", "stride_ks_slot",
-                "stride_ks_head", "stride_vc_slot", "stride_vc_head", "stride_vs_slot", "stride_vs_head",
-                "stride_ok_n", "stride_ok_h", "stride_ov_n", "stride_ov_h")})
-            args.update({"FMT": C(1), "K_N4": C(0), "V_N4": C(0), "NB": C(d // 64),
-                         "BLOCK_N": C(qsa_gather.GATHER_BLOCK_N), "LUT": C(decode.LUT_SELECT),
-                         "ZERO_FILL": C(zero_fill)})
-            out.append((f"qsa_gather selected int8 d{d}" + (" zero_fill" if zero_fill else ""),
-                        qsa_gather._gather_selected_kernel, args, {}))
-        # the prefix-extend pack: dequant.py's kernel into bf16 buffers at int64 slots, no device-side limit
-        out.append((f"qsa_gather prefill int8 d{d}", dequant._dequant_kernel, {
-            "codes": "*i8", "scales": "*fp32", "loc_ptr": "*i64", "out_ptr": "*bf16", "num_tokens": i32,
-            "limit_ptr": "*i64", "head_base": i32, "stride_c_slot": i32, "stride_c_head": i32, "stride_s_slot": i32,
-            "stride_s_head": i32, "stride_o_n": i32, "stride_o_h": i32, "FMT": C(1), "N4": C(0), "NB": C(d // 64),
-            "BLOCK_N": C(dequant.ROTATED_BLOCK_N), "LUT": C(decode.LUT_SELECT), "LIMIT_FROM_PTR": C(False)}, {}))
+    for name, codes, scales in (("int8", "*i8", "*fp32"), ("octave_k3v4", "*u8", "*fp16"),
+                                ("octave_k3v3", "*u8", "*fp16")):
+        for d in (128, 256):
+            kind, k_n4, v_n4 = decode.layout(get_format(name, d, 64 if d == 256 else None))
+            planes = {"k_codes": codes, "k_scales": scales, "v_codes": codes, "v_scales": scales,
+                      "k_signs": "*fp32", "v_signs": "*fp32"}
+            for zero_fill in (False, True):
+                args = {**planes, "req_to_token": "*i32", "req_indices": "*i64", "indices": "*i32",
+                        "seq_lens": "*i32", "cu_k": "*i32", "out_k": "*bf16", "out_v": "*bf16"}
+                args.update({s: i32 for s in ("topk", "pad_cols", "req_stride", "idx_stride", *strides)})
+                args.update({"FMT": C(kind), "K_N4": C(k_n4), "V_N4": C(v_n4), "NB": C(d // 64),
+                             "BLOCK_N": C(qsa_gather.GATHER_BLOCK_N), "LUT": C(decode.LUT_SELECT),
+                             "ZERO_FILL": C(zero_fill)})
+                out.append((f"qsa_gather selected {name} d{d}" + (" zero_fill" if zero_fill else ""),
+                            qsa_gather._gather_selected_kernel, args, dict(qsa_gather.GATHER_COMPILE_OPTIONS)))
+            # the prefix-extend pack (and the no-prefix extend's stored K/V) into bf16 buffers at int64 slots
+            if kind == 2:
+                out.append((f"qsa_gather prefill {name} d{d}", qsa_gather._octave_plain_kernel, {
+                    **planes, "loc_ptr": "*i64", "out_k": "*bf16", "out_v": "*bf16", "num_rows": i32,
+                    **{s: i32 for s in strides}, "K_N4": C(k_n4), "V_N4": C(v_n4), "NB": C(d // 64),
+                    "BLOCK_N": C(qsa_gather.PLAIN_BLOCK_N)}, dict(qsa_gather.GATHER_COMPILE_OPTIONS)))
+            else:  # dequant.py's kernel, no device-side limit
+                out.append((f"qsa_gather prefill {name} d{d}", dequant._dequant_kernel, {
+                    "codes": codes, "scales": scales, "loc_ptr": "*i64", "out_ptr": "*bf16", "num_tokens": i32,
+                    "limit_ptr": "*i64", "head_base": i32, "stride_c_slot": i32, "stride_c_head": i32,
+                    "stride_s_slot": i32, "stride_s_head": i32, "stride_o_n": i32, "stride_o_h": i32, "FMT": C(kind),
+                    "N4": C(0), "NB": C(d // 64), "BLOCK_N": C(dequant.ROTATED_BLOCK_N), "LUT": C(decode.LUT_SELECT),
+                    "LIMIT_FROM_PTR": C(False)}, {}))
     return out
 
 

@@ -24,8 +24,14 @@ _UNSUPPORTED_FLAGS: tuple[tuple[str, object, str], ...] = (
     ("prefill_only_disable_kv_cache", False, "--prefill-only-disable-kv-cache"),
 )
 
-# Formats whose QSA sparse attention (qwen4_exp) runs off the CPU platform (hybrid/qsa.py, kernels/qsa_gather.py).
-QSA_GPU_FORMATS = ("int8",)
+# Formats whose QSA sparse attention (qwen4_exp) runs off the CPU platform (hybrid/qsa.py, kernels/qsa_gather.py:
+# gathers that write plain K/V, octave's un-rotated). A format added to KV_CACHE_DTYPES without them is refused.
+QSA_GPU_FORMATS = ("int8", "octave_k3v4", "octave_k3v3")
+
+
+def _one_of(names: tuple[str, ...]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def kv_format_for(kvc) -> KVFormat:
@@ -60,13 +66,13 @@ def check_supported(kvc) -> KVFormat:
         from sglang_ext.platform import cpu_platform_active
 
         # The CPU platform's sparse attention dequantizes the rows it selects (hybrid/qsa.py); on a GPU,
-        # format-aware packers hand SGLang's sparse kernels plain model-dtype K/V: int8 only (octave's K/V are
-        # stored in a rotated basis), without prefill context parallelism.
+        # format-aware packers hand SGLang's sparse kernels plain model-dtype K/V (QSA_GPU_FORMATS), without
+        # prefill context parallelism.
         if not cpu_platform_active():
             if name not in QSA_GPU_FORMATS:
                 raise ValueError(
                     f"{flag} serves QSA sparse-attention hybrids ({model}) on the CPU platform only; on a GPU use "
-                    f"--kv-cache-dtype {' or '.join(QSA_GPU_FORMATS)} (or auto)"
+                    f"--kv-cache-dtype {_one_of(QSA_GPU_FORMATS)} (or auto)"
                 )
             parallel = compat.get_parallel()
             if getattr(parallel, "enable_prefill_cp", False) and getattr(parallel, "attn_cp_size", 1) > 1:

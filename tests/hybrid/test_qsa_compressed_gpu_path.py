@@ -1,7 +1,10 @@
-"""qwen4_exp's QSA sparse attention over a compressed (int8) KV pool on a GPU: the format-aware packers
-(sglang_ext/kernels/qsa_gather.py) against SGLang's own packers run on the dequantized dense K/V, under the Triton
-interpreter (CPU tensors), at qwen4_exp's shapes (2 KV heads of head_dim 256) and a 128-dim one; plus their
-ahead-of-time compile for sm_86, sm_90 and gfx1100."""
+"""qwen4_exp's QSA sparse attention over a compressed KV pool on a GPU: the format-aware packers
+(sglang_ext/kernels/qsa_gather.py) against SGLang's own packers run on the dense K/V the pool stands for (the
+format's reference dequantization, octave's un-rotated: `fmt.dequantize`), under the Triton interpreter (CPU
+tensors), at qwen4_exp's shapes (2 KV heads of head_dim 256) and a 128-dim one; plus their ahead-of-time compile
+for sm_86, sm_90 and gfx1100. Equal, not close: the octave kernels un-rotate with the reference's own
+butterfly order, and both sides cast the same float32 values to the buffers' dtype. The octave cases use fewer
+rows (the interpreter runs their 7-d butterflies slowly)."""
 
 import os
 import subprocess
@@ -18,15 +21,19 @@ HEADS = 2
 
 
 def _pool(name, head_dim, slots, seed):
-    """Random K/V stored in `slots` slots of a fresh layer; returns (fmt, planes, dense k, dense v) where the dense
+    """Random K/V quantized into `slots` slots of a layer; returns (fmt, planes, dense k, dense v) where the dense
     tensors are the stored values dequantized (float32, what every reader must see)."""
     fmt = get_format(name, head_dim, 64 if head_dim == 256 else None)
     g = torch.Generator().manual_seed(seed)
-    planes = fmt.allocate(slots, HEADS, "cpu")
     k = torch.randn(slots, HEADS, head_dim, generator=g) * 3
     v = torch.randn(slots, HEADS, head_dim, generator=g)
-    store_kv(fmt, planes, torch.arange(slots, dtype=torch.int32), k.bfloat16(), v.bfloat16())
-    kd, vd = fmt.dequantize(planes)
+    # the reference quantizer: the store kernel's planes bit for bit (tests/kernels/test_store_dequant.py), without
+    # its interpreter time
+    planes = fmt.quantize(k.bfloat16(), v.bfloat16())
+    kd, vd = fmt.dequantize(planes)  # octave: dequantized in the rotated basis, then rotation.unrotate
+    if fmt.rotated:  # the packers must not hand out the rotated-basis values
+        kr, vr = fmt.dequantize_rotated_kv(planes)
+        assert (kr - kd).abs().max() > 0.1 and (vr - vd).abs().max() > 0.1
     return fmt, planes, kd.float(), vd.float()
 
 
@@ -36,6 +43,8 @@ def _requests(g, batch, slots, max_len, req_pool=6):
     req_indices = torch.randperm(req_pool, generator=g)[:batch].to(torch.int64)
     seq_lens = torch.randint(1, max_len + 1, (batch,), generator=g, dtype=torch.int32)
     seq_lens[0] = max_len
+    if batch > 2:
+        seq_lens[2] = min(int(seq_lens[2]), 6)  # shorter than the top-k: room for an out-of-context position
     return req_to_token, req_indices, seq_lens
 
 
@@ -49,26 +58,30 @@ def _selection(g, seq_lens, topk):
         if b == 1:
             n = 0
         indices[b, :n] = torch.randperm(int(seq_lens[b]), generator=g)[:n].to(torch.int32)
-    if batch > 2 and int(seq_lens[2]) < topk:
-        indices[2, 0] = int(seq_lens[2]) + 1  # outside the row's context
+    indices[2, 0] = int(seq_lens[2]) + 1  # outside the row's context
     return indices
 
 
-@pytest.mark.parametrize("head_dim", [256, 128])
-@pytest.mark.parametrize("zero_fill", [False, True])
-def test_decode_gather_equals_sglang_on_dequantized_pool(head_dim, zero_fill):
+# (format, head_dim, batch, top-k, zero fill): octave with fewer rows (one column block per row), each format compact
+# at one head_dim and page-strided at the other
+GATHER_CASES = [("int8", d, 5, 21, zero_fill) for d in (256, 128) for zero_fill in (False, True)] + [
+    ("octave_k3v4", 256, 3, 12, False), ("octave_k3v4", 128, 3, 12, True), ("octave_k3v3", 256, 3, 12, True),
+    ("octave_k3v3", 128, 3, 12, False)]
+
+
+@pytest.mark.parametrize("name, head_dim, batch, topk, zero_fill", GATHER_CASES)
+def test_decode_gather_equals_sglang_on_dequantized_pool(name, head_dim, batch, topk, zero_fill):
     from sglang.srt.layers.attention.qsa.sparse_attn import (
         qwen_sparse_fa2_cu_seqlens_triton,
         qwen_sparse_kv_extraction_compact_triton,
     )
 
-    fmt, planes, kd, vd = _pool("int8", head_dim, 400, seed=head_dim + zero_fill)
+    fmt, planes, kd, vd = _pool(name, head_dim, 400, seed=head_dim + zero_fill)
     g = torch.Generator().manual_seed(11)
-    batch, topk = 5, 21
     req_to_token, req_indices, seq_lens = _requests(g, batch, 400, 40)
     indices = _selection(g, seq_lens, topk)
     if zero_fill:  # the page-strided layout (FlashInfer paged decode): row b at b * stride
-        stride = 32
+        stride = -(-topk // 16) * 16  # page-aligned, past the top-k: zeros after the valid columns
         cu_k = torch.arange(0, (batch + 1) * stride, stride, dtype=torch.int32)
         rows = batch * stride
     else:  # compact: SGLang's own counts / prefix sum
@@ -89,16 +102,19 @@ def test_decode_gather_equals_sglang_on_dequantized_pool(head_dim, zero_fill):
         assert torch.equal(got_v, want_v), f"{dtype}: V differs in {(got_v != want_v).sum().item()} values"
 
 
-@pytest.mark.parametrize("head_dim", [256, 128])
-def test_prefill_pack_equals_sglang_on_dequantized_pool(head_dim):
+@pytest.mark.parametrize("name, head_dim, batch, max_len, dtypes", [
+    ("int8", 256, 4, 30, (torch.bfloat16, torch.float32)), ("int8", 128, 4, 30, (torch.bfloat16, torch.float32)),
+    ("octave_k3v4", 256, 3, 12, (torch.bfloat16,)), ("octave_k3v3", 256, 3, 12, (torch.float16,)),
+    ("octave_k3v3", 128, 3, 12, (torch.float32,))])
+def test_prefill_pack_equals_sglang_on_dequantized_pool(name, head_dim, batch, max_len, dtypes):
     from sglang.srt.layers.attention.qsa.sparse_attn import pack_qsa_prefill_kv
 
-    fmt, planes, kd, vd = _pool("int8", head_dim, 300, seed=3 + head_dim)
+    fmt, planes, kd, vd = _pool(name, head_dim, 300, seed=3 + head_dim)
     g = torch.Generator().manual_seed(5)
-    req_to_token, req_indices, seq_lens = _requests(g, 4, 300, 30, req_pool=5)
+    req_to_token, req_indices, seq_lens = _requests(g, batch, 300, max_len, req_pool=5)
     cu_k = torch.nn.functional.pad(seq_lens.cumsum(0), (1, 0)).to(torch.int32)
     total, longest = int(seq_lens.sum()), int(seq_lens.max())
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in dtypes:
         want_k, want_v = pack_qsa_prefill_kv(k=kd, v=vd, req_to_token=req_to_token, req_indices=req_indices,
                                              cu_k=cu_k, total_k=total, max_k=longest, output_dtype=dtype)
         got_k, got_v = pack_prefill_kv(fmt, planes, req_to_token, req_indices, cu_k, total, dtype)
@@ -106,27 +122,19 @@ def test_prefill_pack_equals_sglang_on_dequantized_pool(head_dim):
         assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v), dtype
 
 
-def test_rotated_formats_are_refused():
-    fmt = get_format("octave_k3v4", 256, 64)
-    planes = fmt.allocate(8, HEADS, "cpu")
-    out = torch.empty(4, HEADS, 256, dtype=torch.bfloat16)
-    idx = torch.zeros(1, 4, dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="rotated basis"):
-        gather_selected_kv(fmt, planes, torch.zeros(1, 8, dtype=torch.int32), torch.zeros(1, dtype=torch.int64), idx,
-                           torch.ones(1, dtype=torch.int32), torch.tensor([0, 4], dtype=torch.int32), out, out, 1, 4)
-    with pytest.raises(NotImplementedError, match="rotated basis"):
-        pack_prefill_kv(fmt, planes, torch.zeros(1, 8, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
-                        torch.tensor([0, 4], dtype=torch.int32), 4, torch.bfloat16)
-
-
 def test_gathers_compile_for_sm86_sm90_gfx1100():
+    """Every int8 variant and one octave gather and pack (the 7-d un-rotating kernels: slow to compile; the full
+    set, for sm_80 too, is `python -m sglang_ext.kernels.targets --only qsa_gather`)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-m", "sglang_ext.kernels.targets", "--group", "sglang-ext", "--only",
-                          "qsa_gather", "--target", "cuda:86", "--target", "cuda:90", "--target", "hip:gfx1100"],
+                          "qsa_gather selected int8", "--only", "qsa_gather prefill int8", "--only",
+                          "qsa_gather selected octave_k3v3 d128 zero_fill", "--only", "qsa_gather prefill octave_k3v3 d128",
+                          "--target", "cuda:86", "--target", "cuda:90", "--target", "hip:gfx1100"],
                          env=env, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "qsa_gather selected int8 d256 zero_fill" in out.stdout, out.stdout
-    assert "18 compiled, 0 failed" in out.stdout, out.stdout  # 6 variants x 3 targets
+    assert "qsa_gather prefill octave_k3v3 d128" in out.stdout, out.stdout
+    assert "24 compiled, 0 failed" in out.stdout, out.stdout  # 8 variants x 3 targets
 
 
 class _FakePool:
@@ -178,15 +186,17 @@ def test_hooks_send_compressed_layers_to_the_packers_and_dense_ones_to_sglang():
     assert torch.equal(packed_k, torch.cat([kd[32:64], kd[:5]])) and torch.equal(packed_v, torch.cat([vd[32:64], vd[:5]]))
 
 
-def test_extend_hook_stores_then_attends_over_the_stored_values(monkeypatch):
+@pytest.mark.parametrize("name", ["int8", "octave_k3v4"])
+def test_extend_hook_stores_then_attends_over_the_stored_values(monkeypatch, name):
     """The no-prefix extend attends over the K/V it is handed: the hook stores the new rows itself and hands SGLang
-    their dequantized values (rows past out_cache_loc, DP padding, as they came), with save_kv_cache=False."""
+    their dequantized values (octave: un-rotated; rows past out_cache_loc, DP padding, as they came), with
+    save_kv_cache=False."""
     from types import SimpleNamespace
 
     from sglang_ext.hybrid import qsa
     from sglang_ext.kvcache import hybrid_pool
 
-    fmt = get_format("int8", 128)
+    fmt = get_format(name, 128)
     pool = _FakePool(fmt, fmt.allocate(40, HEADS, "cpu"))
     monkeypatch.setattr(hybrid_pool, "compressed_pool_of", lambda p: p if isinstance(p, _FakePool) else None)
     g = torch.Generator().manual_seed(2)

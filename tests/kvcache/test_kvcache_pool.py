@@ -174,10 +174,6 @@ def fake_configurator(**overrides):
         ({"use_mla_backend": True}, ("torch_native", "torch_native"), "multi-head / grouped-query attention models only"),
         ({"is_hybrid_swa": True}, ("triton", "triton"),
          "supports full-attention models and linear-attention hybrids .*sliding-window attention layers"),
-        ({"mambaish_config": object(), "model_config": SimpleNamespace(
-            head_dim=256, v_head_dim=256, model_path="m", hf_text_config=SimpleNamespace(indexer_n_heads=4))},
-         ("triton", "triton"),
-         "serves QSA sparse-attention hybrids \\(m\\) on the CPU platform only; on a GPU use --kv-cache-dtype int8"),
         ({}, ("flashinfer", "flashinfer"), "backend 'flashinfer' cannot read this format; supported: triton, torch_native"),
         ({"enable_hierarchical_cache": True, "hicache_mem_layout": "page_head"}, ("triton", "triton"),
          "--hicache-mem-layout 'page_head' is not supported; use one of layer_first, page_first, page_first_direct"),
@@ -206,18 +202,23 @@ def test_supported_setup_passes(monkeypatch, overrides):
     assert support.check_supported(fake_configurator(**overrides)).name == "octave_k3v4"
 
 
-def test_qsa_hybrid_with_int8_runs_on_a_gpu_without_prefill_context_parallelism(monkeypatch):
+def test_qsa_hybrid_runs_on_a_gpu_in_every_format_without_prefill_context_parallelism(monkeypatch):
     monkeypatch.setattr(platform, "cpu_platform_active", lambda: False)  # a GPU server
     monkeypatch.setattr(compat, "attention_backends", lambda: ("triton", "triton"))
     parallel = SimpleNamespace(attn_dcp_size=1, enable_prefill_cp=False, attn_cp_size=1)
     monkeypatch.setattr(compat, "get_parallel", lambda: parallel)
-    assert support.check_supported(fake_configurator(kv_cache_dtype_str="int8", **QSA_HYBRID)).name == "int8"
-    for name in ("octave_k3v4", "octave_k3v3"):
-        with pytest.raises(ValueError, match="on the CPU platform only; on a GPU use --kv-cache-dtype int8"):
-            support.check_supported(fake_configurator(kv_cache_dtype_str=name, **QSA_HYBRID))
+    for name in ("int8", "octave_k3v4", "octave_k3v3"):
+        assert support.check_supported(fake_configurator(kv_cache_dtype_str=name, **QSA_HYBRID)).name == name
     parallel.enable_prefill_cp, parallel.attn_cp_size = True, 2
-    with pytest.raises(ValueError, match="does not support prefill context parallelism for QSA"):
-        support.check_supported(fake_configurator(kv_cache_dtype_str="int8", **QSA_HYBRID))
+    for name in ("int8", "octave_k3v3"):
+        with pytest.raises(ValueError, match="does not support prefill context parallelism for QSA"):
+            support.check_supported(fake_configurator(kv_cache_dtype_str=name, **QSA_HYBRID))
+    # a format without GPU gathers is refused there, naming those that have them
+    parallel.enable_prefill_cp, parallel.attn_cp_size = False, 1
+    monkeypatch.setattr(support, "QSA_GPU_FORMATS", ("int8", "octave_k3v3"))
+    with pytest.raises(ValueError, match="serves QSA sparse-attention hybrids \\(m\\) on the CPU platform only; on a "
+                                         "GPU use --kv-cache-dtype int8 or octave_k3v3 \\(or auto\\)"):
+        support.check_supported(fake_configurator(kv_cache_dtype_str="octave_k3v4", **QSA_HYBRID))
 
 
 def test_unequal_k_and_v_head_sizes_are_refused():
