@@ -24,6 +24,8 @@ from sglang_ext.hybrid.ops.qsa_sparse import gather_compressed_keys, ragged_topk
 from sglang_ext.hybrid.qsa import (
     qsa_forward_extend,
     qsa_indexer_forward_native,
+    qsa_indexer_host_backup,
+    qsa_indexer_host_load,
     qsa_kv_extraction,
     qsa_pack_prefill_kv,
     qsa_pool_kv_read,
@@ -97,4 +99,6 @@ def register() -> list[str]:
         hook_chain.register(target, QSA_TORCH_OPS[name], compat.HookType.REPLACE)
     for target in compat.QSA_POOL_KV_READS:
         hook_chain.register(target, qsa_pool_kv_read, compat.HookType.AROUND)
+    hook_chain.register(compat.HOOK_QSA_INDEXER_HOST_BACKUP, qsa_indexer_host_backup, compat.HookType.REPLACE)
+    hook_chain.register(compat.HOOK_QSA_INDEXER_HOST_LOAD, qsa_indexer_host_load, compat.HookType.REPLACE)
     return ["hybrid GDN ops (torch) on the cpu platform"]

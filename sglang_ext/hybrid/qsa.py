@@ -26,6 +26,12 @@ the full-attention K/V see the stored values as plain K/V (octave's un-rotated; 
   passes the stored values, dequantized, in their place (with save_kv_cache=False: already stored).
 
 Prefill context parallelism is refused there too.
+
+HiCache host tier (`--enable-hierarchical-cache`) on the CPU platform: SGLang mirrors the indexer's compressed keys
+in host RAM page by page (`QSAIndexerPoolHost`: one byte row per full-KV page and layer, moved with the full-KV
+page of the same number) through sgl_kernel's kvcacheio ops, which exist on CUDA/HIP/XPU only. Its two moves are
+replaced by torch row copies over the same rows (`qsa_indexer_host_backup` / `qsa_indexer_host_load`); the
+full-attention K/V and the recurrent states go through the CPU platform's own host pools.
 """
 
 import torch
@@ -129,3 +135,55 @@ def qsa_forward_extend(original, self, q, k, v, layer, forward_batch, save_kv_ca
     self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)
     k, v = stored_kv(pool, layer, loc, k, v)
     return original(self, q, k, v, layer, forward_batch, save_kv_cache=False, topk_indices=topk_indices, **kwargs)
+
+
+_HOST_IO_BACKENDS = ("direct", "kernel")
+
+
+def _host_layer(host_pool, layer_id: int) -> torch.Tensor:
+    """One layer of the host mirror as [host pages, item bytes], whatever SGLang's layout."""
+    if host_pool.layout == "layer_first":
+        return host_pool.kv_buffer[layer_id]
+    if host_pool.layout == "page_first":
+        return host_pool.kv_buffer[:, layer_id, :]
+    if host_pool.layout == "page_first_direct":
+        return host_pool.kv_buffer[:, layer_id, 0, :]
+    raise ValueError(f"--hicache-mem-layout {host_pool.layout!r}: the QSA indexer's host mirror on the CPU platform "
+                     "supports layer_first, page_first, page_first_direct")
+
+
+def _page_rows(host_pool, host_indices, device_indices, io_backend):
+    """(host page rows, device page rows) of whole-page token slots, or None for an empty move (SGLang's checks)."""
+    if io_backend not in _HOST_IO_BACKENDS:
+        raise ValueError(f"--hicache-io-backend {io_backend!r}: the QSA indexer's host mirror on the CPU platform "
+                         f"supports {', '.join(_HOST_IO_BACKENDS)} (both run torch row copies)")
+    if not host_pool._has_transfer_indices(host_indices, device_indices):
+        return None
+    page = host_pool.slot_page_size
+    if host_indices.numel() % page or device_indices.numel() % page:
+        raise host_pool._unaligned_transfer_error(host_indices, device_indices)
+    return (host_pool._to_page_indices(host_indices).to(torch.long),
+            host_pool._to_page_indices(device_indices).to(torch.long))
+
+
+def qsa_indexer_host_backup(self, device_pool, host_indices, device_indices, io_backend):
+    """REPLACE `QSAIndexerPoolHost.backup_from_device_all_layer` on the CPU platform: every layer's device page
+    rows are copied to the host rows (the kvcacheio ops' contract, as torch index copies)."""
+    rows = _page_rows(self, host_indices, device_indices, io_backend)
+    if rows is None:
+        return
+    host_rows, device_rows = rows
+    for layer_id in range(self.layer_num):
+        device = self.device_buffers[layer_id]
+        _host_layer(self, layer_id)[host_rows] = device[device_rows.to(device.device)].to("cpu")
+
+
+def qsa_indexer_host_load(self, device_pool, host_indices, device_indices, layer_id, io_backend, *, is_draft=False):
+    """REPLACE `QSAIndexerPoolHost.load_to_device_per_layer` on the CPU platform: layer `layer_id`'s host page rows
+    are copied to the device rows (SGLang's own method indexes its buffers by layer_id whatever is_draft says)."""
+    rows = _page_rows(self, host_indices, device_indices, io_backend)
+    if rows is None:
+        return
+    host_rows, device_rows = rows
+    device = self.device_buffers[layer_id]
+    device[device_rows.to(device.device)] = _host_layer(self, layer_id)[host_rows].to(device.device)

@@ -250,3 +250,51 @@ def test_sparse_attention_reads_the_selected_rows_dequantized(name):
     assert compressed[4].abs().max() == 0
     with pytest.raises(ValueError, match="one layer's QuantizedKVPlanes"):
         sparse_gqa_attention(q, QuantizedKVPlanes(fmt, planes), dense_v, token_slots)
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+def test_indexer_host_mirror_moves_whole_pages(layout):
+    """The CPU platform's moves of SGLang's QSA indexer host mirror (hybrid/qsa.py): a backup copies each layer's
+    device page rows to the host page rows of the same order, a load copies one layer's host rows back; pages of
+    other numbers and other layers are left alone; a move that is not whole pages is refused as SGLang refuses it."""
+    from sglang.srt.mem_cache.memory_pool_host import DeepSeekV4PagedHostPool
+
+    from sglang_ext.hybrid.qsa import qsa_indexer_host_backup, qsa_indexer_host_load
+
+    page, layers, item, device_pages, host_pages = 4, 2, 6, 5, 7
+    gen = torch.Generator().manual_seed(2)
+
+    class Mirror:  # the attributes and index helpers of SGLang's pool that the moves use
+        _has_transfer_indices = DeepSeekV4PagedHostPool._has_transfer_indices
+        _to_page_indices = DeepSeekV4PagedHostPool._to_page_indices
+        _unaligned_transfer_error = DeepSeekV4PagedHostPool._unaligned_transfer_error
+        pool_name, slot_page_size, layer_num = "qsa_indexer", page, layers
+
+    pool = Mirror()
+    pool.layout = layout
+    pool.device_buffers = [torch.randint(0, 256, (device_pages, item), generator=gen, dtype=torch.uint8)
+                           for _ in range(layers)]
+    shape = {"layer_first": None, "page_first": (host_pages, layers, item),
+             "page_first_direct": (host_pages, layers, 1, item)}[layout]
+    pool.kv_buffer = ([torch.zeros(host_pages, item, dtype=torch.uint8) for _ in range(layers)] if shape is None
+                      else torch.zeros(shape, dtype=torch.uint8))
+
+    def host(layer):
+        return {"layer_first": lambda: pool.kv_buffer[layer], "page_first": lambda: pool.kv_buffer[:, layer],
+                "page_first_direct": lambda: pool.kv_buffer[:, layer, 0]}[layout]()
+
+    def slots(pages):
+        return torch.tensor([p * page + i for p in pages for i in range(page)])
+
+    qsa_indexer_host_backup(pool, None, slots([6, 2]), slots([3, 1]), "direct")
+    for layer in range(layers):
+        assert torch.equal(host(layer)[[6, 2]], pool.device_buffers[layer][[3, 1]])
+        assert host(layer)[[0, 1, 3, 4, 5]].eq(0).all()
+    originals = [b.clone() for b in pool.device_buffers]
+    qsa_indexer_host_load(pool, None, slots([2, 6]), slots([0, 4]), 1, "direct")
+    assert torch.equal(pool.device_buffers[1][[0, 4]], originals[1][[1, 3]])
+    assert torch.equal(pool.device_buffers[1][[1, 2, 3]], originals[1][[1, 2, 3]])
+    assert torch.equal(pool.device_buffers[0], originals[0])
+    qsa_indexer_host_load(pool, None, slots([]), slots([]), 0, "direct")  # nothing to move
+    with pytest.raises(ValueError, match="page-aligned"):
+        qsa_indexer_host_backup(pool, None, slots([1])[:3], slots([2])[:3], "direct")
