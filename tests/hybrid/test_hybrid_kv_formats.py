@@ -164,11 +164,12 @@ def reference_logprobs(model, fmt, ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits.double(), -1)
 
 
-def check_against_reference(reply, ids, ref, tol, label) -> float:
+def check_against_reference(reply, ids, ref, tol, label, new_tokens=NEW_TOKENS) -> float:
     """Greedy tokens are the reference's argmax (where its top two differ by more than 2 tol) and the served top-3
-    log-probabilities match the reference's within tol; returns the largest gap."""
+    log-probabilities match the reference's within tol; returns the largest gap. `ref` is reference_logprobs over
+    ids + the served tokens, so after a near-tie the later steps are still compared on the served continuation."""
     tokens = reply["output_ids"]
-    assert len(tokens) == NEW_TOKENS, f"{label}: {len(tokens)} tokens"
+    assert len(tokens) == new_tokens, f"{label}: {len(tokens)} tokens"
     gap = 0.0
     for step, (token, tops) in enumerate(zip(tokens, reply["meta_info"]["output_top_logprobs"])):
         row = ref[len(ids) - 1 + step]
