@@ -71,10 +71,34 @@ def check_hybrid_dtype(server_args) -> None:
                            "GPU prefill kernel takes bfloat16 or float16 only (use --dtype bfloat16)")
 
 
+def has_qsa_indexer(model_path: str | None) -> bool:
+    """True for a local checkpoint whose config (or text config) declares a QSA indexer (qwen4_exp)."""
+    if not model_path or not looks_like_local_path(model_path):
+        return False
+    try:
+        config = json.loads((Path(model_path).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any("indexer_compress_ratio" in cfg for cfg in (config, config.get("text_config") or {}))
+
+
+def check_qsa_spec_host_tier(server_args) -> None:
+    """On the portable CPU platform qwen4_exp with speculative decoding and the HiCache host tier together stopped
+    scheduling after the first requests (each pair alone serves): refuse the three together."""
+    from sglang_ext.platform import cpu_platform_active
+
+    if (server_args.speculative_algorithm and server_args.enable_hierarchical_cache and cpu_platform_active()
+            and has_qsa_indexer(server_args.model_path)):
+        raise StartupError(f"--speculative-algorithm {server_args.speculative_algorithm} with "
+                           "--enable-hierarchical-cache is not supported for QSA models (qwen4_exp) on the CPU "
+                           "platform; drop one of them")
+
+
 def _before_resolve(server_args, *args, **kwargs):
     check_model_path(server_args.model_path)
     check_environment()
     check_hybrid_dtype(server_args)
+    check_qsa_spec_host_tier(server_args)
     return None
 
 

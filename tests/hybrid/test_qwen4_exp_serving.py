@@ -142,3 +142,27 @@ def test_ssd_table_with_nextn_equals_ram_table(ram, checkpoint, record_property)
         gap = max(abs(a - b) for ssd_step, ram_step in zip(_tops(ssd_reply), _tops(ram_reply))
                   for (a, _), (b, _) in zip(ssd_step, ram_step))
         assert gap < SAME_ROWS_TOL, f"prompt of {length} tokens: log-probabilities differ by {gap:.2e}"
+
+
+def test_speculative_decoding_with_the_host_tier_is_refused_in_one_line(tmp_path, monkeypatch):
+    """qwen4_exp with NEXTN and the HiCache host tier together stopped scheduling on the CPU platform (each pair
+    alone serves, test_hybrid_extra_buffer.py has radix + host tier): the launcher refuses the three in one line."""
+    import json
+    import types
+
+    import sglang_ext.platform
+    from sglang_ext.startup_checks import StartupError, check_qsa_spec_host_tier
+
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"indexer_compress_ratio": 4}}))
+    monkeypatch.setattr(sglang_ext.platform, "cpu_platform_active", lambda: True)
+
+    def args(spec, host):
+        return types.SimpleNamespace(model_path=str(tmp_path), speculative_algorithm=spec,
+                                     enable_hierarchical_cache=host)
+
+    with pytest.raises(StartupError):
+        check_qsa_spec_host_tier(args("NEXTN", True))
+    for spec, host in (("NEXTN", False), (None, True)):
+        check_qsa_spec_host_tier(args(spec, host))
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"layer_types": ["linear_attention"]}}))
+    check_qsa_spec_host_tier(args("NEXTN", True))  # a hybrid without QSA (Qwen3.5) serves the three together
