@@ -12,6 +12,11 @@ after a cache flush on the same server: the same tokens, log-probabilities withi
 The Qwen3.5 server chunks prefill at 160 tokens, so a 300-token prompt is prefilled as 160 + 140 and tracked
 inside both chunks. qwen4_exp's QSA forces page size 64, which the Mamba radix cache takes only with extra_buffer:
 its server runs with the radix cache on (its other tests need `--disable-radix-cache` without this strategy).
+
+Both servers also run the features that meet the tracked states: compressed KV (Qwen3.5 octave_k3v4, qwen4_exp
+int8), `--session-retention-seconds` and the HiCache host tier. Every hit above restores compressed KV pages with a
+tracked state; the host round trip pushes a turn's tracked prefix out of the device with one long prompt and
+restores it from host RAM (KV pages, recurrent state and, for qwen4_exp, the QSA indexer's compressed keys).
 Flags otherwise as test_hybrid_sessions.py / test_qwen4_exp_serving.py (float32 weights and conv state)."""
 
 import re
@@ -30,7 +35,9 @@ CHUNK = 160
 LOGPROB_TOL = 2e-5
 ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 COMMON = ["--dtype", "float32", "--enable-cache-report", "--mamba-track-interval", str(GRID),
-          "--max-mamba-cache-size", "16"]
+          "--max-mamba-cache-size", "16", "--session-retention-seconds", "600", "--enable-hierarchical-cache",
+          "--hicache-io-backend", "direct", "--hicache-mem-layout", "page_first_direct", "--hicache-ratio", "2"]
+QWEN3_5_TOKENS, QWEN4_TOKENS = 2000, 1024  # device pools; the host tier holds twice as many
 
 
 def _tracked(prefix: int, extend: int) -> int:
@@ -38,18 +45,20 @@ def _tracked(prefix: int, extend: int) -> int:
     return prefix + extend // GRID * GRID
 
 
-def _start(model: str, extra: list[str], name: str) -> ServerProcess:
-    server = ServerProcess(str(prepare_tiny(model)), [*COMMON, *extra], env=ENV, name=name).start()
+def _start(model: str, kv_format: str, extra: list[str], name: str) -> ServerProcess:
+    server = ServerProcess(str(prepare_tiny(model)), [*COMMON, "--kv-cache-dtype", kv_format, *extra], env=ENV,
+                           name=name).start()
     log = server.log_text()
     # SGLang's resolution picked the strategy from the platform's declaration, with its overlap scheduler
     assert "'mamba_radix_cache_strategy': 'extra_buffer'" in log and "'disable_overlap_schedule': False" in log
+    assert f"sglang-ext HiCache host pool: {kv_format}" in log, "not the compressed host pool"
     return server
 
 
 @pytest.fixture(scope="module")
 def qwen3_5(model_dir):  # model_dir: the built-in tokenizer the tiny model copies
-    server = _start("qwen3_5", ["--max-total-tokens", "2000", "--chunked-prefill-size", str(CHUNK)],
-                    "tiny-qwen3_5-extra-buffer")
+    server = _start("qwen3_5", "octave_k3v4", ["--max-total-tokens", str(QWEN3_5_TOKENS), "--chunked-prefill-size",
+                                               str(CHUNK)], "tiny-qwen3_5-extra-buffer")
     yield server
     server.stop()
 
@@ -68,6 +77,7 @@ def _ask(server, ids, new_tokens=8) -> dict:
     reply.raise_for_status()
     meta = reply.json()["meta_info"]
     return {"ids": reply.json()["output_ids"], "cached": meta["cached_tokens"],
+            "details": meta.get("cached_tokens_details"),
             "logprobs": [entry[0] for entry in meta["output_token_logprobs"]]}
 
 
@@ -105,17 +115,30 @@ def test_prompts_sharing_a_prefix_longer_than_the_interval_share_it(qwen3_5):
     _assert_same(hit, cold, "shared prefix")
 
 
-def test_decode_checkpoint_serves_the_next_agent_turn(qwen3_5):
+def _next_turn_from_device_and_host(server, push_out: int, what: str) -> None:
     """A 120-token prompt is tracked at 64 in prefill; its 20-token answer decodes past 128, where the decode-time
     checkpoint copies the state. The next turn (prompt + answer + new message) restores that state: 128 cached
-    tokens, more than the prompt, as cold."""
+    tokens, more than the prompt, as cold. Then one prompt of `push_out` tokens needs the device pool (a retained
+    session too must leave it) and the same turn restores its 128 tokens from the host tier, as cold."""
     prompt = [1] + _tokens(119)
-    answer = _cold(qwen3_5, prompt, new_tokens=20)["ids"]
+    answer = _cold(server, prompt, new_tokens=20)["ids"]
     assert len(prompt) < 128 < len(prompt) + len(answer)
     turn = prompt + answer + _tokens(10)
-    warm = _ask(qwen3_5, turn)
-    assert warm["cached"] == 128
-    _assert_same(warm, _cold(qwen3_5, turn), "next turn")
+    warm = _ask(server, turn)
+    assert warm["cached"] == 128 and warm["details"] == {"device": 128, "host": 0}, warm
+    cold = _cold(server, turn)
+    _assert_same(warm, cold, f"{what} next turn")
+    server.flush_cache()
+    _ask(server, prompt, new_tokens=20)
+    assert _ask(server, turn)["details"] == {"device": 128, "host": 0}
+    _ask(server, [1] + _tokens(push_out - 1), new_tokens=2)
+    host = _ask(server, turn)
+    assert host["cached"] == 128 and host["details"]["host"] > 0, f"{what}: expected a host-tier hit, got {host}"
+    _assert_same(host, cold, f"{what} next turn from the host tier")
+
+
+def test_decode_checkpoint_serves_the_next_agent_turn_from_device_and_host(qwen3_5):
+    _next_turn_from_device_and_host(qwen3_5, QWEN3_5_TOKENS - 40, "Qwen3.5")
 
 
 def test_chunked_prefill_tracks_inside_each_chunk(qwen3_5):
@@ -138,9 +161,9 @@ def test_chunked_prefill_tracks_inside_each_chunk(qwen3_5):
 
 
 def test_qwen4_exp_serves_with_the_radix_cache(model_dir):
-    """qwen4_exp (page size 64) with the radix cache on: the same prompt twice and the turn after a decode-time
-    checkpoint, each as cold."""
-    server = _start("qwen4_exp", ["--max-total-tokens", "2048", "--mem-fraction-static", "0.95"],
+    """qwen4_exp (page size 64) with the radix cache on, int8 KV: the same prompt twice and the turn after a
+    decode-time checkpoint, from the device and from the host tier, each as cold."""
+    server = _start("qwen4_exp", "int8", ["--max-total-tokens", str(QWEN4_TOKENS), "--mem-fraction-static", "0.95"],
                     "tiny-qwen4_exp-extra-buffer")
     try:
         prompt = [1] + _tokens(149)
@@ -148,11 +171,7 @@ def test_qwen4_exp_serves_with_the_radix_cache(model_dir):
         again = _ask(server, prompt)
         assert again["cached"] == 128
         _assert_same(again, cold, "qwen4_exp same prompt")
-        prompt = [1] + _tokens(119)
-        answer = _cold(server, prompt, new_tokens=20)["ids"]
-        turn = prompt + answer + _tokens(10)
-        warm = _ask(server, turn)
-        assert warm["cached"] == 128
-        _assert_same(warm, _cold(server, turn), "qwen4_exp next turn")
+        # 14 of the pool's 16 pages: the turn's 3 pages cannot all stay on the device
+        _next_turn_from_device_and_host(server, QWEN4_TOKENS - 128, "qwen4_exp")
     finally:
         server.stop()
