@@ -48,12 +48,11 @@ def shared_server(server_pool) -> ServerProcess:
 # long file starts last; the rest follow in file order.
 SLOW_FILES = {
     "tests/kvcache/test_triton_server.py": 1400,  # 10 servers; d128 NEXTN 585 s, hybrid NEXTN 492 s at load ~7
-    "tests/hybrid/test_hybrid_parallel.py": 1283,  # 7 servers (TP2 float32, per format sharded + single); load 7-15
-    "tests/hybrid/test_hybrid_kv_formats.py": 1026,  # per-format servers + the NEXTN / host-tier rotation; load 8-10
     "tests/kernels/test_attention.py": 981,
+    "tests/hybrid/test_hybrid_kv_formats.py": 900,  # 3 per-format servers + 3 NEXTN / host-tier servers; load 8-10
+    "tests/hybrid/test_hybrid_parallel.py": 722,  # 5 servers (TP2 float32, int8 TP2 + host tier, NEXTN TP2, PP3, TP2xPP2); load 4-8
     "tests/spec/test_spec_serving.py": 700,  # 8 servers; 673 s at load average 3-7
     "tests/kvcache/test_kvcache_serving.py": 559,
-    "tests/test_tensor_parallel_formats.py": 486,  # 4 servers (TP=1 and TP=3, int8 / octave_k3v4); load 10-17
     "tests/hicache/test_hicache_serving.py": 414,
     "tests/kvcache/test_same_output_serving.py": 400,
     "tests/hybrid/test_hybrid_sessions.py": 370,  # one server; 327 s of it start-up at load average 15-20
@@ -63,10 +62,10 @@ SLOW_FILES = {
     "tests/hybrid/test_qwen4_exp_serving.py": 300,  # 2 servers (RAM table; SSD table + NEXTN); 165 s at load 3-8
     "tests/pp/test_pp_e2e.py": 300,  # 4 servers; 279 s alone
     "tests/kernels/test_store_dequant.py": 299,
-    "tests/hybrid/test_hybrid_mtp_tp.py": 286,  # 2 TP=2 servers (plain, NEXTN); load 7-9
     "tests/hybrid/test_hybrid_mtp.py": 274,  # 3 servers (plain, NEXTN chain + host tier + retention, tree); load 8-9
     "tests/hicache/test_hicache_tp.py": 264,  # TP=2 host tier + storage + restart; load 5-9
     "tests/sessions/test_agent_sessions.py": 264,
+    "tests/test_tensor_parallel_formats.py": 250,  # 2 servers (TP=1 and TP=3, octave_k3v4); load 10-17
     "tests/tools/test_native_loop.py": 250,
     "tests/moe/test_paged_tp.py": 250,  # one tp-2 server; 187-392 s by load
     "tests/hybrid/test_qwen4_exp_kv_formats.py": 220,  # 2 servers (int8, octave_k3v4); 3 took 264-338 s at load 7-10
