@@ -17,7 +17,9 @@ checks that on the machine it runs on). A 4-token verify of one request is one b
 4 requests, so the mode costs little at small batches (docs/speculative-decoding.md has the measured cost). The
 attention backends compute each query alone (kvcache/torch_backend.py, spec/verify_attention.py): every decode or
 verify query attends alone, over exactly the keys it sees, with the decode routine. Everything else in a decoder
-layer (norms, RoPE, activations, residual adds) is computed row by row already.
+layer (norms, RoPE, activations, residual adds) is computed row by row already. A hybrid model's GDN decode step
+keeps beta in float32 as the verify step does (hybrid/ops/recurrent.py: SGLang's packed decode kernel rounds it
+to the model dtype, which in bf16 makes a decoded token's recurrent update differ from the verified one's).
 
 When: on by default in every server whose KV pool is compressed (`--kv-cache-dtype int8|octave_k3v4|
 octave_k3v3`; `SGLANG_EXT_ROW_INVARIANT=off` turns it off), and under SGLang's `--enable-deterministic-inference`
@@ -44,6 +46,7 @@ import os
 import torch
 
 from sglang_ext.env import BATCH_INVARIANT, ROW_INVARIANT
+from sglang_ext.hybrid.ops import recurrent
 
 # Rows per GEMM call in a token step: a verify of NEXTN's or NGRAM's default 4 draft tokens is one block.
 ROW_BLOCK = 4
@@ -61,6 +64,7 @@ def enable() -> None:
     """Turn the mode on for this process (scheduler: target and draft runners share it)."""
     global _enabled
     _enabled = True
+    recurrent.round_decode_beta(False)
 
 
 def enable_for_compressed_kv() -> None:
@@ -68,12 +72,14 @@ def enable_for_compressed_kv() -> None:
     batched GEMMs and attention."""
     global _enabled, _prefill_too
     _enabled, _prefill_too = True, False
+    recurrent.round_decode_beta(False)
 
 
 def disable() -> None:
     global _enabled, _token_step, _prefill_too
     _enabled = _token_step = False
     _prefill_too = True
+    recurrent.round_decode_beta(True)
 
 
 def enabled() -> bool:

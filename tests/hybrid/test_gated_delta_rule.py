@@ -186,3 +186,36 @@ def test_unsupported_options_are_refused():
                                                is_kda=True)
     with pytest.raises(UnsupportedGdnOption, match="head_first"):
         chunk_gated_delta_rule(q[None], k[None], v[None], a[None], b[None], head_first=True)
+
+
+def test_packed_decode_beta_rounding_follows_the_row_invariant_mode():
+    """bf16: by default the packed decode rounds beta to bf16 as SGLang's kernel does, and differs from the verify
+    op's one step; with the rounding off (row-invariant servers) it is bitwise the verify op's step."""
+    from sglang_ext.hybrid.ops import recurrent
+
+    q, k, v, a, b, A_log, dt_bias = _inputs(3, 2, 4, 16, 8, seed=11)
+    bf = torch.bfloat16
+    q, k, v, a, b = (t.to(bf) for t in (q, k, v, a, b))
+    A_log, dt_bias = A_log.float(), dt_bias.float()
+    pool = _pool(4, 4, 8, 16, seed=5).float()
+    slots = torch.tensor([3, 1, 0])
+    verify_pool = pool.clone()
+    verify = fused_sigmoid_gating_delta_rule_update(
+        A_log, a, dt_bias, 1.0, 20.0, q[:, None], k[:, None], v[:, None], b, verify_pool, slots,
+        scale=16 ** -0.5, use_qk_l2norm_in_kernel=True)
+    mixed = torch.cat([q.reshape(3, -1), k.reshape(3, -1), v.reshape(3, -1)], dim=-1)
+
+    def decode():
+        out, state = torch.empty(3, 1, 4, 8, dtype=bf), pool.clone()
+        fused_recurrent_gated_delta_rule_packed_decode(mixed, a, b, A_log, dt_bias, 16 ** -0.5, state, out, slots,
+                                                       use_qk_l2norm_in_kernel=True)
+        return out, state
+
+    rounded_out, rounded_state = decode()
+    assert not torch.equal(rounded_state, verify_pool), "beta rounded to bf16 should move the state"
+    try:
+        recurrent.round_decode_beta(False)
+        out, state = decode()
+    finally:
+        recurrent.round_decode_beta(True)
+    assert torch.equal(state, verify_pool) and torch.equal(out, verify.reshape(out.shape))

@@ -12,6 +12,18 @@ from sglang_ext.hybrid.ops.errors import UnsupportedGdnOption
 from sglang_ext.hybrid.ops.gated_delta_rule import l2_normalize
 from sglang_ext.hybrid.ops.gating import compute_dtype, gdn_gate
 
+# SGLang's packed decode kernel rounds beta = sigmoid(b) to b's dtype; its verify kernel
+# (fused_sigmoid_gating_delta_rule_update) keeps it in float32. In a bf16 model the two then update the recurrent
+# state differently, so a token decoded plainly and the same token verified as a draft part in the last bits and
+# speculative greedy output can leave plain decoding's. Row-invariant servers (platform/batch_invariant.py) turn the
+# rounding off so that decode computes what verify computes; otherwise decode mirrors SGLang's kernel.
+_round_decode_beta = True
+
+
+def round_decode_beta(on: bool) -> None:
+    global _round_decode_beta
+    _round_decode_beta = on
+
 
 def delta_rule_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                     beta: torch.Tensor) -> torch.Tensor:
@@ -141,7 +153,8 @@ def fused_recurrent_gated_delta_rule_packed_decode(
     conv); a, b: [B, HV]; initial_state: pool [slots, HV, V, K], read and written at ssm_state_indices[B] (a
     negative index: output zeros, no write). Writes out [B, 1, HV, V]; returns (out, initial_state).
 
-    As the Triton kernel does, beta is sigmoid(b) rounded to b's dtype."""
+    As the Triton kernel does, beta is sigmoid(b) rounded to b's dtype, unless round_decode_beta(False) (then as
+    fused_sigmoid_gating_delta_rule_update: float32)."""
     batch = mixed_qkv.shape[0]
     num_v_heads, head_v, head_k = initial_state.shape[-3:]
     qk_dim = mixed_qkv.shape[1] - num_v_heads * head_v
@@ -157,7 +170,9 @@ def fused_recurrent_gated_delta_rule_packed_decode(
     qf, kf = _prepare(q.view(batch, num_k_heads, head_k), k.view(batch, num_k_heads, head_k), scale,
                       use_qk_l2norm_in_kernel, num_v_heads // num_k_heads, dt)
     g = gdn_gate(A_log, a, dt_bias).to(dt)
-    beta = torch.sigmoid(b.to(dt)).to(b.dtype).to(dt)
+    beta = torch.sigmoid(b.to(dt))
+    if _round_decode_beta:
+        beta = beta.to(b.dtype).to(dt)
     slots = ssm_state_indices.tolist()
     live = [i for i, s in enumerate(slots) if s >= 0]
     out.zero_()
