@@ -20,8 +20,10 @@ hybrid/ops/qsa_sparse.py, the PLE rows and hyper-connections in the served dtype
 The tiny model's indexer budget (2048 tokens in 512 blocks) covers every prompt here, so every complete block
 is selected: the selection itself is tested in test_qsa_sparse.py.
 
-Flags: `--disable-radix-cache` (these servers compare the model, not the cache; qwen4_exp with the radix cache on,
-page size 64 and the extra_buffer strategy, is test_hybrid_extra_buffer.py's); a float32 conv state as in
+Flags: `--disable-radix-cache` on the RAM server (it compares the model, not the cache; qwen4_exp with the radix
+cache on, page size 64 and the extra_buffer strategy, is test_hybrid_extra_buffer.py's). The SSD + NEXTN server runs
+the radix cache (SGLang's extra_buffer strategy; NEXTN turns the overlap scheduler off): after the batch, the
+151-token prompt sent again restores the state tracked at 128 tokens and gives its first reply's tokens; a float32 conv state as in
 test_hybrid_serving.py; a 16-slot Mamba pool; `--mem-fraction-static 0.95` (the pool is capped by
 --max-total-tokens; SGLang's default fraction failed its post-load check when other processes took RAM)."""
 
@@ -81,9 +83,11 @@ def _prompts() -> list[list[int]]:
     return [[1] + torch.randint(3, 49000, (n - 1,), generator=gen).tolist() for n in PROMPT_LENGTHS]
 
 
-def _serve(checkpoint: str, extra: list[str], name: str) -> tuple[list[dict], str]:
-    """The 4 prompts in one batch (varlen extend, batched decode); the replies and the server's log."""
-    server = ServerProcess(checkpoint, [*FLAGS, *extra], env=ENV, name=name).start()
+def _serve(checkpoint: str, extra: list[str], name: str, radix: bool = False) -> tuple[list[dict], str]:
+    """The 4 prompts in one batch (varlen extend, batched decode); the replies and the server's log. radix: with the
+    radix cache on, and the last prompt sent once more after the batch (its reply appended)."""
+    flags = [f for f in FLAGS if not (radix and f in ("--disable-radix-cache", "--disable-overlap-schedule"))]
+    server = ServerProcess(checkpoint, [*flags, *extra], env=ENV, name=name).start()
     try:
         def ask(ids):
             body = {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0.0},
@@ -93,7 +97,10 @@ def _serve(checkpoint: str, extra: list[str], name: str) -> tuple[list[dict], st
             return reply.json()
 
         with concurrent.futures.ThreadPoolExecutor(len(PROMPT_LENGTHS)) as pool:
-            return list(pool.map(ask, _prompts())), server.log_text()
+            replies = list(pool.map(ask, _prompts()))
+        if radix:
+            replies.append(ask(_prompts()[-1]))
+        return replies, server.log_text()
     finally:
         server.stop()
 
@@ -128,7 +135,16 @@ def test_ram_table_equals_transformers(ram, checkpoint):
 
 def test_ssd_table_with_nextn_equals_ram_table(ram, checkpoint, record_property):
     ram_replies, ram_log = ram
-    ssd_replies, ssd_log = _serve(checkpoint, ["--ple-offload-backend", "ssd", *NEXTN_CHAIN], "tiny-qwen4_exp-ssd-mtp")
+    ssd_replies, ssd_log = _serve(checkpoint, ["--ple-offload-backend", "ssd", *NEXTN_CHAIN], "tiny-qwen4_exp-ssd-mtp",
+                                  radix=True)
+    assert "'mamba_radix_cache_strategy': 'extra_buffer'" in ssd_log
+    *ssd_replies, again = ssd_replies
+    assert ssd_replies[0]["meta_info"]["cached_tokens"] == 0
+    assert again["meta_info"]["cached_tokens"] == 128, "the prompt sent again did not restore its tracked state"
+    assert again["output_ids"] == ssd_replies[-1]["output_ids"], "radix hit: tokens differ from the first reply's"
+    gap = max(abs(a - b) for hit_step, first_step in zip(_tops(again), _tops(ssd_replies[-1]))
+              for (a, _), (b, _) in zip(hit_step, first_step))
+    assert gap < SAME_ROWS_TOL, f"radix hit: log-probabilities differ from the first reply's by {gap:.2e}"
     assert "served from 2 shard tensor(s)" in ssd_log, "the SSD server did not open the checkpoint's table shards"
     assert "served from" not in ram_log
     verifies = sum(reply["meta_info"]["spec_verify_ct"] for reply in ssd_replies)
