@@ -281,9 +281,10 @@ QSA_GPU_KV_PACKERS = {
 QSA_BACKEND_FORWARD_EXTEND = "sglang.srt.layers.attention.qwen_sparse_attn_backend.QwenSparseAttnBackend.forward_extend"
 # The HiCache host mirror of the QSA indexer's compressed keys (whole full-KV pages as byte rows) moves pages with
 # sgl_kernel's kvcacheio ops, imported on CUDA/HIP/XPU only; the CPU platform replaces (REPLACE) both moves with
-# torch row copies (hybrid/qsa.py).
-HOOK_QSA_INDEXER_HOST_BACKUP = "sglang.srt.mem_cache.pool_host.qsa.QSAIndexerPoolHost.backup_from_device_all_layer"
-HOOK_QSA_INDEXER_HOST_LOAD = "sglang.srt.mem_cache.pool_host.qsa.QSAIndexerPoolHost.load_to_device_per_layer"
+# torch row copies (hybrid/qsa.py). Both are inherited from DeepSeekV4PagedHostPool (hooked on the QSA class only);
+# HOOKED_SIGNATURES checks them through the imported class.
+QSA_INDEXER_HOST_BACKUP = "sglang.srt.mem_cache.pool_host.qsa.QSAIndexerPoolHost.backup_from_device_all_layer"
+QSA_INDEXER_HOST_LOAD = "sglang.srt.mem_cache.pool_host.qsa.QSAIndexerPoolHost.load_to_device_per_layer"
 # DefaultPoolConfigurator's per-token bytes of the QSA index caches, added to a compressed format's cell size.
 POOL_QSA_CELL_SIZE = "_compute_qsa_cell_size"
 # --- speculative decoding on the portable CPU platform (sglang_ext/spec/) ----------------------------------
@@ -418,8 +419,8 @@ HOOKED_SIGNATURES = {
     f"{TORCH_NATIVE_ATTN_BACKEND}.forward_decode": "(self, q, k, v, layer, forward_batch, save_kv_cache=True)",
     HOOK_MURMUR_HASH32: "(seed, positions, col_indices)",
     HOOK_SCHEDULE_BATCH_PREPARE_FOR_DECODE: "(self)",
-    HOOK_QSA_INDEXER_HOST_BACKUP: "(self, device_pool, host_indices, device_indices, io_backend)",
-    HOOK_QSA_INDEXER_HOST_LOAD:
+    QSA_INDEXER_HOST_BACKUP: "(self, device_pool, host_indices, device_indices, io_backend)",
+    QSA_INDEXER_HOST_LOAD:
         "(self, device_pool, host_indices, device_indices, layer_id, io_backend, *, is_draft=False)",
     HOOK_ENABLE_BATCH_INVARIANT_MODE: "(self)",
     HOOK_MODEL_RUNNER_FORWARD: (

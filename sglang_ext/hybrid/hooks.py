@@ -99,6 +99,6 @@ def register() -> list[str]:
         hook_chain.register(target, QSA_TORCH_OPS[name], compat.HookType.REPLACE)
     for target in compat.QSA_POOL_KV_READS:
         hook_chain.register(target, qsa_pool_kv_read, compat.HookType.AROUND)
-    hook_chain.register(compat.HOOK_QSA_INDEXER_HOST_BACKUP, qsa_indexer_host_backup, compat.HookType.REPLACE)
-    hook_chain.register(compat.HOOK_QSA_INDEXER_HOST_LOAD, qsa_indexer_host_load, compat.HookType.REPLACE)
+    hook_chain.register(compat.QSA_INDEXER_HOST_BACKUP, qsa_indexer_host_backup, compat.HookType.REPLACE)
+    hook_chain.register(compat.QSA_INDEXER_HOST_LOAD, qsa_indexer_host_load, compat.HookType.REPLACE)
     return ["hybrid GDN ops (torch) on the cpu platform"]
