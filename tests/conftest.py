@@ -47,7 +47,7 @@ def shared_server(server_pool) -> ServerProcess:
 # collection order. These files go first, longest first (seconds, one process at a time on 2 cores), so that no
 # long file starts last; the rest follow in file order.
 SLOW_FILES = {
-    "tests/kvcache/test_triton_server.py": 1400,  # 10 servers; d128 NEXTN 585 s, hybrid NEXTN 492 s at load ~7
+    "tests/kvcache/test_triton_server.py": 1250,  # 9 servers; d128 NEXTN 585 s at load ~7, hybrid plain + tree 134 s
     "tests/kernels/test_attention.py": 981,
     "tests/hybrid/test_hybrid_kv_formats.py": 900,  # 3 per-format servers + 3 NEXTN / host-tier servers; load 8-10
     "tests/hybrid/test_hybrid_parallel.py": 722,  # 5 servers (TP2 float32, int8 TP2 + host tier, NEXTN TP2, PP3, TP2xPP2); load 4-8
@@ -60,7 +60,6 @@ SLOW_FILES = {
     "tests/hybrid/test_qwen4_exp_parallel.py": 310,  # 2 servers (PP=3 auto + SSD table, TP=2); load 8-10
     "tests/hybrid/test_hybrid_extra_buffer.py": 300,  # 2 servers (Qwen3.5, qwen4_exp); 175-328 s at load 7-12
     "tests/hybrid/test_qwen4_exp_serving.py": 300,  # 2 servers (RAM table; SSD table + NEXTN); 165 s at load 3-8
-    "tests/pp/test_pp_e2e.py": 300,  # 4 servers; 279 s alone
     "tests/kernels/test_store_dequant.py": 299,
     "tests/hybrid/test_hybrid_mtp.py": 274,  # 3 servers (plain, NEXTN chain + host tier + retention, tree); load 8-9
     "tests/hicache/test_hicache_tp.py": 264,  # TP=2 host tier + storage + restart; load 5-9
@@ -70,6 +69,7 @@ SLOW_FILES = {
     "tests/moe/test_paged_tp.py": 250,  # one tp-2 server; 187-392 s by load
     "tests/hybrid/test_qwen4_exp_kv_formats.py": 220,  # 2 servers (int8, octave_k3v4); 3 took 264-338 s at load 7-10
     "tests/moe/test_paged_serving.py": 216,  # 3 servers (K=2/4/8)
+    "tests/pp/test_pp_e2e.py": 215,  # 3 servers (PP=1 and PP=3 x 2 splits, int8 KV); 211 s at load ~2
     "tests/moe/test_paged_pp.py": 165,  # one pp-2 server; load ~8
     "tests/moe/test_paged_nextn.py": 144,  # one NEXTN server; load ~10
     "tests/kvcache/test_decode_plan.py": 143,

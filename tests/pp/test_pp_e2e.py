@@ -1,19 +1,20 @@
 """PP=3 on the built-in SmolLM2 (30 layers) through stock `python -m sglang.launch_server` on the CPU platform:
-greedy output equals PP=1's, with `--pp-layer-partition auto` (float32 KV), and with an uneven explicit split over
-an int8 KV pool.
+greedy output equals PP=1's over an int8 KV pool, with `--pp-layer-partition auto` and with an uneven explicit
+split.
 
 Needs the sglang_ext plugin to call `sglang_ext.pp.server_args.register()` and
 `sglang_ext.pp.tied_lm_head.register()` (SmolLM2 ties its embeddings; see docs/pipeline-parallel.md).
 
-Four servers (start-up is most of this file's time: ~35-50 s for PP=1 and ~50 s for PP=3 alone on 2 cores, twice
-that beside other work): one PP=1 reference per KV dtype and one PP=3 server per split. The uneven split runs over
-int8 (until 2026-12 it had a float32 PP=3 server of its own, and int8 ran over `auto`): the split is resolved at
-launch, before the KV pool exists, and the int8 pool then holds 8, 11 and 11 layers' compressed planes on the three
-ranks.
+Three servers (start-up is most of this file's time): one PP=1 reference and one PP=3 server per split. The split
+is resolved at launch, before the KV pool exists, and the int8 pool then holds 10, 10, 10 (auto) or 8, 11, 11
+layers' compressed planes on the three ranks. PP over float32 KV meets the hybrid models
+(tests/hybrid/test_qwen4_exp_parallel.py).
 """
 
 import os
 import re
+
+import pytest
 
 PROMPTS = [
     "The capital of France is",
@@ -48,13 +49,16 @@ def _assert_pp3_equals_pp1(server_pool, kv_args, partition, expected, pp1):
         )
 
 
-def test_pp3_auto_greedy_equals_pp1(server_pool):
-    pp1 = _greedy(server_pool.get(*BASE_ARGS, name="pp1"))
-    _assert_pp3_equals_pp1(server_pool, (), "auto", "10,10,10", pp1)
-
-
-def test_pp3_uneven_split_greedy_equals_pp1_with_compressed_kv(server_pool):
+@pytest.fixture(scope="module")
+def pp1(server_pool):
     # Over an int8 KV pool each PP rank holds its own layers' compressed planes. Prefill runs in one chunk in both
     # servers, so PP=1 and PP=3 read back exactly the same quantized K/V.
-    pp1 = _greedy(server_pool.get(*BASE_ARGS, *INT8_KV, name="pp1-int8"))
+    return _greedy(server_pool.get(*BASE_ARGS, *INT8_KV, name="pp1-int8"))
+
+
+def test_pp3_auto_greedy_equals_pp1(server_pool, pp1):
+    _assert_pp3_equals_pp1(server_pool, INT8_KV, "auto", "10,10,10", pp1)
+
+
+def test_pp3_uneven_split_greedy_equals_pp1_with_compressed_kv(server_pool, pp1):
     _assert_pp3_equals_pp1(server_pool, INT8_KV, "8,11,11", "8,11,11", pp1)
